@@ -1,0 +1,26 @@
+// CPU kernels of the operators (registered in cpu/register_cpu.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace virtual_noise::cpu {
+
+at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                            double sigma, int64_t offset, bool antithetic);
+at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                           at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                           int64_t offset, bool antithetic);
+at::Tensor bias_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                         at::IntArrayRef bias_shape, double sigma, int64_t pop_size, int64_t offset,
+                         bool antithetic);
+at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+                         int64_t n_params, int64_t offset, bool antithetic);
+at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset);
+
+// Per-seed keys (the first mix of the spec), hashed once per call.
+std::vector<uint64_t> seed_keys(const at::Tensor& seeds);
+
+}  // namespace virtual_noise::cpu

@@ -1,0 +1,116 @@
+// Y[i] = X[i] @ (W + sigma N_i)^T + (b + sigma nb_i), with N_i regenerated
+// tile by tile (kTileCols output rows x all inputs) into a per-thread buffer.
+//
+// Work items are (individual or antithetic pair, output tile). Each item's
+// arithmetic is fixed by the shapes alone, so results are bit-identical for
+// any thread count. Extra memory: the output, W transposed in tiles (the size
+// of W), and per thread one noise tile plus one batch x tile product.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "cpu/noise_kernels.h"
+#include "validation.h"
+
+namespace virtual_noise::cpu {
+namespace {
+
+struct TileGeometry {
+  int64_t in, out, n_tiles;
+  int64_t rows(int64_t t) const { return std::min(kTileCols, out - t * kTileCols); }
+};
+
+// W rows of tile t, transposed and zero-padded to (in, kTileCols).
+void transpose_weight_tile(const float* w, const TileGeometry& g, int64_t t, float* dst) {
+  const int64_t rows = g.rows(t);
+  for (int64_t k = 0; k < g.in; ++k) {
+    float* d = dst + k * kTileCols;
+    for (int64_t r = 0; r < rows; ++r) d[r] = w[(t * kTileCols + r) * g.in + k];
+    for (int64_t r = rows; r < kTileCols; ++r) d[r] = 0.f;
+  }
+}
+
+}  // namespace
+
+at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                            double sigma_d, int64_t offset, bool antithetic) {
+  const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma_d, offset, antithetic);
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  const at::Tensor w32 = weight.to(at::kFloat).contiguous();
+  const at::Tensor b32 = d.has_bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor y = at::empty({d.pop, d.batch, d.out_features}, x.options().dtype(at::kFloat));
+  if (y.numel() == 0) return y.to(x.scalar_type());
+
+  const TileGeometry g{d.in_features, d.out_features,
+                       (d.out_features + kTileCols - 1) / kTileCols};
+  const auto keys = seed_keys(seeds);
+  const float sigma = static_cast<float>(sigma_d);
+  const int64_t batch = d.batch, in = g.in, out = g.out;
+  const float* xp = x32.data_ptr<float>();
+  const float* wp = w32.data_ptr<float>();
+  const float* bp = d.has_bias ? b32.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t tile_floats = in * kTileCols, prod_floats = batch * kTileCols;
+  const int64_t members = antithetic ? 2 : 1;
+  const uint64_t w_off = static_cast<uint64_t>(offset);
+  const uint64_t b_off = w_off + static_cast<uint64_t>(out * in);
+
+  // W^T in tiles, shared by every individual.
+  std::vector<float> wt(g.n_tiles * tile_floats);
+  at::parallel_for(0, g.n_tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) transpose_weight_tile(wp, g, t, wt.data() + t * tile_floats);
+  });
+
+  // Shared x: x @ W^T + b once, then only sigma * (x @ N_i^T + nb_i) per individual.
+  std::vector<float> base;
+  if (d.shared_x) {
+    base.resize(g.n_tiles * prod_floats);
+    at::parallel_for(0, g.n_tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* bt = base.data() + t * prod_floats;
+        gemm_tile(xp, in, batch, in, wt.data() + t * tile_floats, bt);
+        if (bp != nullptr)
+          for (int64_t b = 0; b < batch; ++b)
+            for (int64_t r = 0; r < g.rows(t); ++r) bt[b * kTileCols + r] += bp[t * kTileCols + r];
+      }
+    });
+  }
+
+  at::parallel_for(0, d.n_seeds * g.n_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> noise_t(tile_floats), perturbed_t, prod(prod_floats), bias_noise(kTileCols, 0.f);
+    if (!d.shared_x) perturbed_t.resize(tile_floats);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t u = item / g.n_tiles, t = item % g.n_tiles, rows = g.rows(t), j0 = t * kTileCols;
+      fill_noise_tile_transposed(keys[u], w_off + static_cast<uint64_t>(j0 * in), in, rows, in,
+                                 noise_t.data());
+      if (bp != nullptr) fill_noise(keys[u], b_off + static_cast<uint64_t>(j0), 1, rows, bias_noise.data());
+      if (d.shared_x) gemm_tile(xp, in, batch, in, noise_t.data(), prod.data());
+      for (int64_t m = 0; m < members; ++m) {
+        const int64_t i = u * members + m;
+        const float s = m == 0 ? sigma : -sigma;  // antithetic twin: -N_u
+        float* yi = yp + i * batch * out + j0;
+        if (d.shared_x) {
+          const float* bt = base.data() + t * prod_floats;
+          for (int64_t b = 0; b < batch; ++b)
+            for (int64_t r = 0; r < rows; ++r)
+              yi[b * out + r] = bt[b * kTileCols + r] + s * (prod[b * kTileCols + r] + bias_noise[r]);
+        } else {
+          // Per-individual x: one product with W + s N folded into the tile.
+          const float* w_t = wt.data() + t * tile_floats;
+          for (int64_t k = 0; k < tile_floats; ++k) perturbed_t[k] = w_t[k] + s * noise_t[k];
+          gemm_tile(xp + i * batch * in, in, batch, in, perturbed_t.data(), prod.data());
+          for (int64_t b = 0; b < batch; ++b)
+            for (int64_t r = 0; r < rows; ++r)
+              yi[b * out + r] = prod[b * kTileCols + r] + (bp != nullptr ? bp[j0 + r] : 0.f) +
+                                s * bias_noise[r];
+        }
+      }
+    }
+  });
+  return y.to(x.scalar_type());
+}
+
+}  // namespace virtual_noise::cpu

@@ -1,0 +1,56 @@
+// Shape and dtype kernels: FakeTensor, torch.compile and torch.export run
+// these. They apply the same checks as the real kernels and return empty
+// tensors with exactly the real kernels' shape and dtype.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "validation.h"
+
+namespace virtual_noise::meta {
+namespace {
+
+at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                            double sigma, int64_t offset, bool antithetic) {
+  const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic);
+  return at::empty({d.pop, d.batch, d.out_features}, x.options());
+}
+
+at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                           at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                           int64_t offset, bool antithetic) {
+  check_noise_gradient("virtual_noise.weight_gradient", "weight_shape", 2, fitness, seeds,
+                       weight_shape, sigma, pop_size, offset, antithetic);
+  return at::empty(weight_shape, fitness.options().dtype(at::kFloat));
+}
+
+at::Tensor bias_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                         at::IntArrayRef bias_shape, double sigma, int64_t pop_size, int64_t offset,
+                         bool antithetic) {
+  check_noise_gradient("virtual_noise.bias_gradient", "bias_shape", 1, fitness, seeds, bias_shape,
+                       sigma, pop_size, offset, antithetic);
+  return at::empty(bias_shape, fitness.options().dtype(at::kFloat));
+}
+
+at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+                         int64_t n_params, int64_t offset, bool antithetic) {
+  const int64_t pop = check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic);
+  return at::empty({pop}, center.options().dtype(at::kFloat));
+}
+
+at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset) {
+  check_generate_noise(seeds, n_elements, offset);
+  return at::empty({seeds.size(0), n_elements}, seeds.options().dtype(at::kFloat));
+}
+
+}  // namespace
+}  // namespace virtual_noise::meta
+
+TORCH_LIBRARY_IMPL(virtual_noise, Meta, m) {
+  using namespace virtual_noise::meta;
+  m.impl("perturbed_linear", &perturbed_linear);
+  m.impl("weight_gradient", &weight_gradient);
+  m.impl("bias_gradient", &bias_gradient);
+  m.impl("reduce_metric", &reduce_metric);
+  m.impl("generate_noise", &generate_noise);
+}

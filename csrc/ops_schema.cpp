@@ -1,0 +1,64 @@
+// The operator schemas: the one definition of virtual_noise's interface.
+// Kernels live per backend: cpu/register_cpu.cpp, meta/register_meta.cpp and,
+// for CUDA, Triton kernels registered from Python (python/virtual_noise/cuda/).
+#include <torch/library.h>
+
+#include "validation.h"
+
+namespace virtual_noise {
+namespace {
+
+// Backend-independent argument checks, callable from kernels written outside
+// C++ (the Triton launchers) so they raise exactly what the C++ kernels raise.
+void validate_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                               double sigma, int64_t offset, bool antithetic) {
+  check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic);
+}
+void validate_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                              at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                              int64_t offset, bool antithetic) {
+  check_noise_gradient("virtual_noise.weight_gradient", "weight_shape", 2, fitness, seeds,
+                       weight_shape, sigma, pop_size, offset, antithetic);
+}
+void validate_bias_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                            at::IntArrayRef bias_shape, double sigma, int64_t pop_size,
+                            int64_t offset, bool antithetic) {
+  check_noise_gradient("virtual_noise.bias_gradient", "bias_shape", 1, fitness, seeds, bias_shape,
+                       sigma, pop_size, offset, antithetic);
+}
+void validate_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+                            int64_t n_params, int64_t offset, bool antithetic) {
+  check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic);
+}
+void validate_generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset) {
+  check_generate_noise(seeds, n_elements, offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(virtual_noise, m) {
+  const std::vector<at::Tag> pt2{at::Tag::pt2_compliant_tag};
+  m.def("perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, float sigma, "
+        "int offset, bool antithetic=False) -> Tensor", pt2);
+  m.def("weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
+        "int pop_size, int offset, bool antithetic=False) -> Tensor", pt2);
+  m.def("bias_gradient(Tensor fitness, Tensor seeds, int[] bias_shape, float sigma, "
+        "int pop_size, int offset, bool antithetic=False) -> Tensor", pt2);
+  m.def("reduce_metric(Tensor center, Tensor seeds, float sigma, int n_params, int offset, "
+        "bool antithetic=False) -> Tensor", pt2);
+  m.def("generate_noise(Tensor seeds, int n_elements, int offset) -> Tensor", pt2);
+
+  m.def("_validate_perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, "
+        "float sigma, int offset, bool antithetic) -> ()", &validate_perturbed_linear);
+  m.def("_validate_weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
+        "int pop_size, int offset, bool antithetic) -> ()", &validate_weight_gradient);
+  m.def("_validate_bias_gradient(Tensor fitness, Tensor seeds, int[] bias_shape, float sigma, "
+        "int pop_size, int offset, bool antithetic) -> ()", &validate_bias_gradient);
+  m.def("_validate_reduce_metric(Tensor center, Tensor seeds, float sigma, int n_params, "
+        "int offset, bool antithetic) -> ()", &validate_reduce_metric);
+  m.def("_validate_generate_noise(Tensor seeds, int n_elements, int offset) -> ()",
+        &validate_generate_noise);
+}
+
+}  // namespace virtual_noise

@@ -1,0 +1,146 @@
+#include "validation.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+namespace virtual_noise {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+void check_seeds(const char* op, const at::Tensor& seeds) {
+  TORCH_CHECK_TYPE(at::isIntegralType(seeds.scalar_type(), /*includeBool=*/false), op,
+                   ": `seeds` must be an integer tensor (int64 or int32); got dtype ",
+                   seeds.scalar_type());
+  TORCH_CHECK_VALUE(seeds.dim() == 1, op, ": `seeds` must be 1-D (one seed per individual",
+                    " or per antithetic pair); got shape ", seeds.sizes());
+}
+
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                       const at::Tensor& ref) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": `", name, "` must be on the same device as `",
+                    ref_name, "` (", ref.device(), "); got ", t.device());
+}
+
+void check_sigma(const char* op, double sigma, bool nonzero) {
+  TORCH_CHECK_VALUE(std::isfinite(sigma), op, ": `sigma` must be finite; got ", sigma);
+  TORCH_CHECK_VALUE(!nonzero || sigma != 0.0, op,
+                    ": `sigma` must be nonzero (the estimate divides by it); got 0");
+}
+
+// The block [offset, offset + block) of noise indices must fit in int64.
+void check_offset(const char* op, int64_t offset, int64_t block) {
+  TORCH_CHECK_VALUE(offset >= 0, op, ": `offset` must be >= 0; got ", offset);
+  TORCH_CHECK_VALUE(offset <= kInt64Max - block, op, ": `offset` + block size overflows int64 (offset ",
+                    offset, ", block of ", block, " elements)");
+}
+
+int64_t population(const at::Tensor& seeds, bool antithetic) {
+  return seeds.size(0) * (antithetic ? 2 : 1);
+}
+
+bool is_float_input(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+}  // namespace
+
+LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                  double sigma, int64_t offset, bool antithetic) {
+  const char* op = "virtual_noise.perturbed_linear";
+  check_seeds(op, seeds);
+  TORCH_CHECK_TYPE(is_float_input(x.scalar_type()), op,
+                   ": `x` must be float32, bfloat16 or float16; got ", x.scalar_type());
+  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), op, ": `weight` must have x's dtype (",
+                   x.scalar_type(), "); got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": `weight` must be 2-D (out_features, in_features); got shape ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op,
+                    ": `x` must be (batch, in_features) or (P, batch, in_features); got shape ", x.sizes());
+  check_same_device(op, "weight", weight, "x", x);
+  check_same_device(op, "seeds", seeds, "x", x);
+  check_sigma(op, sigma, /*nonzero=*/false);
+
+  LinearDims d{};
+  d.n_seeds = seeds.size(0);
+  d.pop = population(seeds, antithetic);
+  d.shared_x = x.dim() == 2;
+  d.batch = x.size(-2);
+  d.in_features = weight.size(1);
+  d.out_features = weight.size(0);
+  d.has_bias = bias.has_value();
+  TORCH_CHECK_VALUE(x.size(-1) == d.in_features, op, ": `x` has ", x.size(-1),
+                    " features in its last dim but `weight` is ", weight.sizes(), " (expects ",
+                    d.in_features, ")");
+  if (!d.shared_x) {
+    TORCH_CHECK_VALUE(x.size(0) == d.pop, op, ": per-individual `x` must have size(0) == population ",
+                      d.pop, antithetic ? " (2 * len(seeds), antithetic)" : " (len(seeds))", "; got ",
+                      x.size(0));
+  }
+  if (bias) {
+    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), op, ": `bias` must have x's dtype (",
+                     x.scalar_type(), "); got ", bias->scalar_type());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == d.out_features, op,
+                      ": `bias` must be 1-D of size out_features = ", d.out_features, "; got shape ",
+                      bias->sizes());
+    check_same_device(op, "bias", *bias, "x", x);
+  }
+  // Weight and bias noise occupy offset .. offset + out*in + out.
+  check_offset(op, offset, d.out_features * d.in_features + (d.has_bias ? d.out_features : 0));
+  return d;
+}
+
+int64_t check_noise_gradient(const char* op, const char* shape_arg, int64_t expected_dims,
+                             const at::Tensor& fitness, const at::Tensor& seeds,
+                             at::IntArrayRef shape, double sigma, int64_t pop_size, int64_t offset,
+                             bool antithetic) {
+  check_seeds(op, seeds);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(shape.size()) == expected_dims, op, ": `", shape_arg,
+                    "` must have ", expected_dims, expected_dims == 1 ? " dim" : " dims", "; got ", shape);
+  int64_t n = 1;
+  for (const int64_t s : shape) {
+    TORCH_CHECK_VALUE(s >= 0, op, ": `", shape_arg, "` must be non-negative; got ", shape);
+    TORCH_CHECK_VALUE(!__builtin_mul_overflow(n, s, &n), op, ": `", shape_arg, "` ", shape,
+                      " has more than 2^63 elements");
+  }
+  TORCH_CHECK_TYPE(at::isFloatingType(fitness.scalar_type()), op,
+                   ": `fitness` must be a floating-point tensor; got ", fitness.scalar_type());
+  TORCH_CHECK_VALUE(fitness.dim() == 1, op, ": `fitness` must be 1-D (one value per individual); got shape ",
+                    fitness.sizes());
+  check_same_device(op, "fitness", fitness, "seeds", seeds);
+  const int64_t expected_pop = population(seeds, antithetic);
+  TORCH_CHECK_VALUE(pop_size == expected_pop, op, ": `pop_size` must equal ",
+                    antithetic ? "2 * len(seeds) (antithetic pairs) = " : "len(seeds) = ", expected_pop,
+                    "; got ", pop_size);
+  TORCH_CHECK_VALUE(fitness.size(0) == pop_size, op, ": `fitness` must have pop_size = ", pop_size,
+                    " entries; got ", fitness.size(0));
+  check_sigma(op, sigma, /*nonzero=*/true);
+  check_offset(op, offset, n);
+  return n;
+}
+
+int64_t check_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+                            int64_t n_params, int64_t offset, bool antithetic) {
+  const char* op = "virtual_noise.reduce_metric";
+  check_seeds(op, seeds);
+  TORCH_CHECK_TYPE(at::isFloatingType(center.scalar_type()), op,
+                   ": `center` must be a floating-point tensor; got ", center.scalar_type());
+  TORCH_CHECK_VALUE(n_params == center.numel(), op, ": `n_params` must equal center.numel() = ",
+                    center.numel(), "; got ", n_params);
+  check_same_device(op, "seeds", seeds, "center", center);
+  check_sigma(op, sigma, /*nonzero=*/false);
+  check_offset(op, offset, n_params);
+  return population(seeds, antithetic);
+}
+
+void check_generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset) {
+  const char* op = "virtual_noise.generate_noise";
+  check_seeds(op, seeds);
+  TORCH_CHECK_VALUE(n_elements >= 0, op, ": `n_elements` must be >= 0; got ", n_elements);
+  check_offset(op, offset, n_elements);
+}
+
+}  // namespace virtual_noise

@@ -1,0 +1,1 @@
+"""Registers the Triton launchers as the CUDA kernels of the C++-defined operators."""

@@ -1,0 +1,134 @@
+"""Python API of the virtual-noise operators (thin wrappers over torch.ops.virtual_noise).
+
+Noise: for individual ``i`` with seed ``s_i``, element ``e`` of the flat
+parameter vector is perturbed by ``sigma * noise(s_i, e)``, uniform in
+[-0.5, 0.5), regenerated inside the kernels from (seed, index) and never
+stored. An (out, in) weight block at ``offset`` uses indices
+``offset + j*in + k``; its bias uses ``offset + out*in + j``.
+
+Antithetic pairs: with ``antithetic=True``, ``seeds`` holds M seeds for a
+population of P = 2M; individual 2m uses +N_m and 2m+1 uses -N_m.
+
+The operators are not differentiable (evolution strategies estimate
+gradients from fitness); call them under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+_ops = torch.ops.virtual_noise
+
+
+def virtual_perturbed_linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seeds: Tensor,
+    sigma: float,
+    offset: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """Linear layer of every individual: ``Y[i] = X[i] @ (W + sigma N_i)^T + (b + sigma nb_i)``.
+
+    Args:
+        x: (batch, in) shared by all individuals, or (P, batch, in) per individual;
+            float32, bfloat16 or float16.
+        weight: (out, in), x's dtype.
+        bias: (out,) in x's dtype, or None.
+        seeds: 1-D integer tensor, one seed per individual (per pair if antithetic).
+        sigma: noise scale.
+        offset: flat noise index of weight[0, 0]; the bias follows at offset + out*in.
+        antithetic: population of 2 * len(seeds) mirrored pairs.
+
+    Returns:
+        (P, batch, out) in x's dtype (computed with float32 accumulation).
+    """
+    return _ops.perturbed_linear(x, weight, bias, seeds, float(sigma), int(offset), antithetic)
+
+
+def virtual_weight_gradient(
+    fitness: Tensor,
+    seeds: Tensor,
+    weight_shape: Sequence[int],
+    sigma: float,
+    pop_size: int,
+    offset: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """ES gradient estimate of a weight block: ``sum_i f_i N_i / (pop_size * sigma)``.
+
+    Regenerates exactly the noise ``virtual_perturbed_linear`` used at ``offset``.
+
+    Args:
+        fitness: (pop_size,) floating, one value per individual.
+        seeds: the seeds the population was evaluated with.
+        weight_shape: (out, in).
+        sigma: the noise scale used in the forward (nonzero).
+        pop_size: population size, len(seeds) (2 * len(seeds) with antithetic).
+        offset: flat noise index of the block's first element.
+        antithetic: fitness holds mirrored pairs; each pair contributes (f_2m - f_2m+1) N_m.
+
+    Returns:
+        float32 tensor of ``weight_shape``. The 1/12 variance of the noise is not
+        divided out here (the ES optimizer does that).
+    """
+    return _ops.weight_gradient(
+        fitness, seeds, [int(s) for s in weight_shape], float(sigma), int(pop_size), int(offset), antithetic
+    )
+
+
+def virtual_bias_gradient(
+    fitness: Tensor,
+    seeds: Tensor,
+    bias_shape: Sequence[int],
+    sigma: float,
+    pop_size: int,
+    offset: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """ES gradient estimate of a 1-D block (a bias): as ``virtual_weight_gradient``.
+
+    ``offset`` is the bias region's own offset (the weight's offset + out*in).
+    Returns a float32 tensor of ``bias_shape``.
+    """
+    return _ops.bias_gradient(
+        fitness, seeds, [int(s) for s in bias_shape], float(sigma), int(pop_size), int(offset), antithetic
+    )
+
+
+def virtual_reduce_metric(
+    center: Tensor,
+    seeds: Tensor,
+    sigma: float,
+    n_params: int,
+    offset: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """Per-individual mean absolute perturbed parameter: ``mean_k |c_k + sigma noise_ik|``.
+
+    Args:
+        center: floating tensor of ``n_params`` elements (any shape, read flat).
+        seeds, sigma, offset, antithetic: as in the other operators.
+        n_params: must equal ``center.numel()``.
+
+    Returns:
+        float32 (P,). NaN when n_params is 0 (as ``torch.mean`` of nothing).
+    """
+    return _ops.reduce_metric(center, seeds, float(sigma), int(n_params), int(offset), antithetic)
+
+
+def generate_noise(seeds: Tensor, n_elements: int, offset: int = 0) -> Tensor:
+    """The noise itself: float32 (len(seeds), n_elements), row i = noise(seeds[i], offset + k).
+
+    For tests, small parameter blocks and users' own checks; the other operators
+    never materialize it.
+    """
+    return _ops.generate_noise(seeds, int(n_elements), int(offset))
