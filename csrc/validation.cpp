@@ -15,7 +15,7 @@ void check_seeds(const char* op, const at::Tensor& seeds) {
                    ": `seeds` must be an integer tensor (int64 or int32); got dtype ",
                    seeds.scalar_type());
   TORCH_CHECK_VALUE(seeds.dim() == 1, op, ": `seeds` must be 1-D (one seed per individual",
-                    " or per antithetic pair); got shape ", seeds.sizes());
+                    " or per antithetic pair); got shape ", seeds.sym_sizes());
 }
 
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
@@ -31,14 +31,14 @@ void check_sigma(const char* op, double sigma, bool nonzero) {
 }
 
 // The block [offset, offset + block) of noise indices must fit in int64.
-void check_offset(const char* op, int64_t offset, int64_t block) {
+void check_offset(const char* op, int64_t offset, const c10::SymInt& block) {
   TORCH_CHECK_VALUE(offset >= 0, op, ": `offset` must be >= 0; got ", offset);
-  TORCH_CHECK_VALUE(offset <= kInt64Max - block, op, ": `offset` + block size overflows int64 (offset ",
+  TORCH_CHECK_VALUE(block <= kInt64Max - offset, op, ": `offset` + block size overflows int64 (offset ",
                     offset, ", block of ", block, " elements)");
 }
 
-int64_t population(const at::Tensor& seeds, bool antithetic) {
-  return seeds.size(0) * (antithetic ? 2 : 1);
+c10::SymInt population(const at::Tensor& seeds, bool antithetic) {
+  return seeds.sym_size(0) * (antithetic ? 2 : 1);
 }
 
 bool is_float_input(at::ScalarType t) {
@@ -57,39 +57,39 @@ LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), op, ": `weight` must have x's dtype (",
                    x.scalar_type(), "); got ", weight.scalar_type());
   TORCH_CHECK_VALUE(weight.dim() == 2, op, ": `weight` must be 2-D (out_features, in_features); got shape ",
-                    weight.sizes());
+                    weight.sym_sizes());
   TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op,
-                    ": `x` must be (batch, in_features) or (P, batch, in_features); got shape ", x.sizes());
+                    ": `x` must be (batch, in_features) or (P, batch, in_features); got shape ", x.sym_sizes());
   check_same_device(op, "weight", weight, "x", x);
   check_same_device(op, "seeds", seeds, "x", x);
   check_sigma(op, sigma, /*nonzero=*/false);
 
   LinearDims d{};
-  d.n_seeds = seeds.size(0);
+  d.n_seeds = seeds.sym_size(0);
   d.pop = population(seeds, antithetic);
   d.shared_x = x.dim() == 2;
-  d.batch = x.size(-2);
-  d.in_features = weight.size(1);
-  d.out_features = weight.size(0);
+  d.batch = x.sym_size(-2);
+  d.in_features = weight.sym_size(1);
+  d.out_features = weight.sym_size(0);
   d.has_bias = bias.has_value();
-  TORCH_CHECK_VALUE(x.size(-1) == d.in_features, op, ": `x` has ", x.size(-1),
-                    " features in its last dim but `weight` is ", weight.sizes(), " (expects ",
+  TORCH_CHECK_VALUE(x.sym_size(-1) == d.in_features, op, ": `x` has ", x.sym_size(-1),
+                    " features in its last dim but `weight` is ", weight.sym_sizes(), " (expects ",
                     d.in_features, ")");
   if (!d.shared_x) {
-    TORCH_CHECK_VALUE(x.size(0) == d.pop, op, ": per-individual `x` must have size(0) == population ",
+    TORCH_CHECK_VALUE(x.sym_size(0) == d.pop, op, ": per-individual `x` must have size(0) == population ",
                       d.pop, antithetic ? " (2 * len(seeds), antithetic)" : " (len(seeds))", "; got ",
-                      x.size(0));
+                      x.sym_size(0));
   }
   if (bias) {
     TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), op, ": `bias` must have x's dtype (",
                      x.scalar_type(), "); got ", bias->scalar_type());
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == d.out_features, op,
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->sym_size(0) == d.out_features, op,
                       ": `bias` must be 1-D of size out_features = ", d.out_features, "; got shape ",
-                      bias->sizes());
+                      bias->sym_sizes());
     check_same_device(op, "bias", *bias, "x", x);
   }
   // Weight and bias noise occupy offset .. offset + out*in + out.
-  check_offset(op, offset, d.out_features * d.in_features + (d.has_bias ? d.out_features : 0));
+  check_offset(op, offset, d.out_features * d.in_features + (d.has_bias ? d.out_features : c10::SymInt(0)));
   return d;
 }
 
@@ -109,27 +109,27 @@ int64_t check_noise_gradient(const char* op, const char* shape_arg, int64_t expe
   TORCH_CHECK_TYPE(at::isFloatingType(fitness.scalar_type()), op,
                    ": `fitness` must be a floating-point tensor; got ", fitness.scalar_type());
   TORCH_CHECK_VALUE(fitness.dim() == 1, op, ": `fitness` must be 1-D (one value per individual); got shape ",
-                    fitness.sizes());
+                    fitness.sym_sizes());
   check_same_device(op, "fitness", fitness, "seeds", seeds);
-  const int64_t expected_pop = population(seeds, antithetic);
+  const c10::SymInt expected_pop = population(seeds, antithetic);
   TORCH_CHECK_VALUE(pop_size == expected_pop, op, ": `pop_size` must equal ",
                     antithetic ? "2 * len(seeds) (antithetic pairs) = " : "len(seeds) = ", expected_pop,
                     "; got ", pop_size);
-  TORCH_CHECK_VALUE(fitness.size(0) == pop_size, op, ": `fitness` must have pop_size = ", pop_size,
-                    " entries; got ", fitness.size(0));
+  TORCH_CHECK_VALUE(fitness.sym_size(0) == pop_size, op, ": `fitness` must have pop_size = ", pop_size,
+                    " entries; got ", fitness.sym_size(0));
   check_sigma(op, sigma, /*nonzero=*/true);
   check_offset(op, offset, n);
   return n;
 }
 
-int64_t check_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+c10::SymInt check_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
                             int64_t n_params, int64_t offset, bool antithetic) {
   const char* op = "virtual_noise.reduce_metric";
   check_seeds(op, seeds);
   TORCH_CHECK_TYPE(at::isFloatingType(center.scalar_type()), op,
                    ": `center` must be a floating-point tensor; got ", center.scalar_type());
-  TORCH_CHECK_VALUE(n_params == center.numel(), op, ": `n_params` must equal center.numel() = ",
-                    center.numel(), "; got ", n_params);
+  TORCH_CHECK_VALUE(center.sym_numel() == n_params, op, ": `n_params` must equal center.numel() = ",
+                    center.sym_numel(), "; got ", n_params);
   check_same_device(op, "seeds", seeds, "center", center);
   check_sigma(op, sigma, /*nonzero=*/false);
   check_offset(op, offset, n_params);

@@ -5,18 +5,21 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
 
 #include <cstdint>
 #include <optional>
 
 namespace virtual_noise {
 
+// Sizes are SymInts so that the Meta kernels work under dynamic shapes
+// (torch.compile, torch.export); real kernels read them with expect_int().
 struct LinearDims {
-  int64_t pop;      // individuals (2 * seeds with antithetic pairs)
-  int64_t n_seeds;  // seeds given
-  int64_t batch;
-  int64_t in_features;
-  int64_t out_features;
+  c10::SymInt pop;      // individuals (2 * seeds with antithetic pairs)
+  c10::SymInt n_seeds;  // seeds given
+  c10::SymInt batch;
+  c10::SymInt in_features;
+  c10::SymInt out_features;
   bool shared_x;    // x is (batch, in) for every individual
   bool has_bias;
 };
@@ -33,7 +36,7 @@ int64_t check_noise_gradient(const char* op, const char* shape_arg, int64_t expe
                              bool antithetic);
 
 // Returns the population size.
-int64_t check_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
+c10::SymInt check_reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
                             int64_t n_params, int64_t offset, bool antithetic);
 
 void check_generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset);

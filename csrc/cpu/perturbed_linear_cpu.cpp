@@ -41,14 +41,15 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   const at::Tensor x32 = x.to(at::kFloat).contiguous();
   const at::Tensor w32 = weight.to(at::kFloat).contiguous();
   const at::Tensor b32 = d.has_bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = at::empty({d.pop, d.batch, d.out_features}, x.options().dtype(at::kFloat));
+  const int64_t pop = d.pop.expect_int(), n_seeds = d.n_seeds.expect_int();
+  const int64_t batch = d.batch.expect_int(), in = d.in_features.expect_int();
+  const int64_t out = d.out_features.expect_int();
+  at::Tensor y = at::empty({pop, batch, out}, x.options().dtype(at::kFloat));
   if (y.numel() == 0) return y.to(x.scalar_type());
 
-  const TileGeometry g{d.in_features, d.out_features,
-                       (d.out_features + kTileCols - 1) / kTileCols};
+  const TileGeometry g{in, out, (out + kTileCols - 1) / kTileCols};
   const auto keys = seed_keys(seeds);
   const float sigma = static_cast<float>(sigma_d);
-  const int64_t batch = d.batch, in = g.in, out = g.out;
   const float* xp = x32.data_ptr<float>();
   const float* wp = w32.data_ptr<float>();
   const float* bp = d.has_bias ? b32.data_ptr<float>() : nullptr;
@@ -79,7 +80,7 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
     });
   }
 
-  at::parallel_for(0, d.n_seeds * g.n_tiles, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n_seeds * g.n_tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> noise_t(tile_floats), perturbed_t, prod(prod_floats), bias_noise(kTileCols, 0.f);
     if (!d.shared_x) perturbed_t.resize(tile_floats);
     for (int64_t item = begin; item < end; ++item) {

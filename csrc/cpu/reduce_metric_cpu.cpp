@@ -17,7 +17,8 @@ namespace virtual_noise::cpu {
 
 at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
                          int64_t n_params, int64_t offset, bool antithetic) {
-  const int64_t pop = check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic);
+  const int64_t pop =
+      check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic).expect_int();
   at::Tensor metric = at::empty({pop}, center.options().dtype(at::kFloat));
   if (pop == 0) return metric;
   if (n_params == 0) return metric.fill_(std::numeric_limits<float>::quiet_NaN());  // as torch.mean

@@ -13,7 +13,7 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
                             double sigma, int64_t offset, bool antithetic) {
   const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic);
-  return at::empty({d.pop, d.batch, d.out_features}, x.options());
+  return at::empty_symint({d.pop, d.batch, d.out_features}, x.options());
 }
 
 at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
@@ -34,13 +34,14 @@ at::Tensor bias_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
 
 at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
                          int64_t n_params, int64_t offset, bool antithetic) {
-  const int64_t pop = check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic);
-  return at::empty({pop}, center.options().dtype(at::kFloat));
+  const c10::SymInt pop = check_reduce_metric(center, seeds, sigma, n_params, offset, antithetic);
+  return at::empty_symint({pop}, center.options().dtype(at::kFloat));
 }
 
 at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset) {
   check_generate_noise(seeds, n_elements, offset);
-  return at::empty({seeds.size(0), n_elements}, seeds.options().dtype(at::kFloat));
+  return at::empty_symint({seeds.sym_size(0), c10::SymInt(n_elements)},
+                         seeds.options().dtype(at::kFloat));
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ def build_info() -> dict:
     """How the operators library was built and what it runs here.
 
     Keys: torch_version (built against), openmp, simd (the build of the CPU
-    hot loops this machine uses), compiler, triton (CUDA kernels available).
+    hot loops this machine uses), compiler, triton (Triton kernels serve CUDA
+    tensors in this process).
     """
     from . import _C
 

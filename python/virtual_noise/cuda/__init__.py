@@ -1,22 +1,23 @@
 """CUDA backend: Triton kernels registered for the CUDA dispatch key.
 
-Triton is optional (``pip install virtual-noise[triton]``). Without it, a CUDA
-tensor reaching an operator raises an error naming that extra; the CPU
-operators never import Triton.
+Triton is optional (``pip install virtual-noise[triton]``) and is imported only
+where CUDA is available, so CPU-only machines never load it. Without it, a
+CUDA tensor reaching an operator raises an error naming that extra.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:
-    import triton  # noqa: F401
-
-    TRITON_AVAILABLE = True
-except Exception:  # ImportError, or a broken install that fails while importing
-    TRITON_AVAILABLE = False
-
 OPS = ("perturbed_linear", "weight_gradient", "bias_gradient", "reduce_metric", "generate_noise")
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # ImportError, or a broken install failing while importing
+        return False
+    return True
 
 
 def _missing_triton(name: str):
@@ -28,6 +29,9 @@ def _missing_triton(name: str):
 
     return kernel
 
+
+#: True when the Triton kernels serve CUDA tensors in this process.
+TRITON_AVAILABLE = torch.cuda.is_available() and _triton_importable()
 
 if TRITON_AVAILABLE:
     from . import register as _register  # noqa: F401

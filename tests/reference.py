@@ -1,0 +1,75 @@
+"""Independent references: the noise spec in plain integers and numpy, and
+float64 versions of every operator built from materialized noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MASK = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15
+
+
+def mix64_int(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def noise_int(seed: int, e: int) -> float:
+    """The spec with Python's unbounded integers, masked to 64 bits."""
+    key = mix64_int((seed + GAMMA) & MASK)
+    h = mix64_int((key + e * GAMMA) & MASK)
+    return float(np.float32(((h & 0xFFFFFFFF) >> 8) * 2.0**-24 - 0.5))
+
+
+def _mix64_np(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def noise_np(seeds, n: int, offset: int = 0) -> np.ndarray:
+    """float64 (len(seeds), n) noise, vectorized in numpy uint64 (wrapping)."""
+    with np.errstate(over="ignore"):
+        s = np.array([int(v) & MASK for v in seeds], dtype=np.uint64)
+        keys = _mix64_np(s + np.uint64(GAMMA))
+        e = np.arange(n, dtype=np.uint64) + np.uint64(offset)
+        h = _mix64_np(keys[:, None] + e[None, :] * np.uint64(GAMMA))
+    bits = (h & np.uint64(0xFFFFFFFF)) >> np.uint64(8)
+    return bits.astype(np.float64) * 2.0**-24 - 0.5
+
+
+def noise_ref(seeds, n: int, offset: int = 0, antithetic: bool = False) -> torch.Tensor:
+    """float64 (P, n): per individual noise, mirrored pairs when antithetic."""
+    seeds = [int(v) for v in torch.as_tensor(seeds).flatten().tolist()]
+    base = torch.from_numpy(noise_np(seeds, n, offset)) if seeds else torch.zeros(0, n, dtype=torch.float64)
+    if not antithetic:
+        return base
+    return torch.stack([base, -base], dim=1).reshape(-1, n)
+
+
+def perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic=False):
+    out_f, in_f = weight.shape
+    n = out_f * in_f + (out_f if bias is not None else 0)
+    noise = noise_ref(seeds, n, offset, antithetic)
+    pop = noise.shape[0]
+    w = weight.double()[None] + sigma * noise[:, : out_f * in_f].reshape(pop, out_f, in_f)
+    xs = x.double()
+    if xs.dim() == 2:
+        xs = xs.expand(pop, *xs.shape)
+    y = torch.bmm(xs, w.transpose(1, 2))
+    if bias is not None:
+        y = y + (bias.double()[None] + sigma * noise[:, out_f * in_f :])[:, None, :]
+    return y
+
+
+def gradient_ref(fitness, seeds, shape, sigma, pop_size, offset, antithetic=False):
+    n = int(np.prod(shape))
+    noise = noise_ref(seeds, n, offset, antithetic)
+    return (fitness.double() @ noise / (pop_size * sigma)).reshape(shape)
+
+
+def reduce_metric_ref(center, seeds, sigma, offset, antithetic=False):
+    noise = noise_ref(seeds, center.numel(), offset, antithetic)
+    return (center.double().flatten()[None] + sigma * noise).abs().mean(dim=1)
