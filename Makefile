@@ -38,7 +38,7 @@ test: build
 	$(PY) -m pytest -q -ra tests
 
 demo: build
-	$(PY) examples/ops_demo.py
+	$(PY) -m virtual_noise train
 
 bench: build
 	$(PY) benchmarks/bench_cpu.py

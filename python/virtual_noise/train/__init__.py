@@ -1,0 +1,1 @@
+"""The main job: ``python -m virtual_noise train`` (tasks, training loop, reports)."""

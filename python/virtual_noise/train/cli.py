@@ -1,0 +1,94 @@
+"""Arguments and entry of ``python -m virtual_noise train``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from .tasks import TASKS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default="digits", help=f"one of {', '.join(TASKS)} (default digits)")
+    p.add_argument("--population", type=int, help="individuals per generation (task default)")
+    p.add_argument("--sigma", type=float, help="noise scale (task default)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (task default)")
+    p.add_argument("--generations", type=int, help="generations to run (task default)")
+    p.add_argument("--hidden", type=str, help="hidden sizes, comma separated, e.g. 64,64 (task default)")
+    p.add_argument("--batch", type=int, help="minibatch size (digits)")
+    p.add_argument("--shaping", default="centered_ranks", choices=["centered_ranks", "z_score", "raw"])
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--no-antithetic", action="store_true", help="independent noise per individual")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="one number makes the run reproducible")
+    p.add_argument("--out", default=None, help="output directory (default runs/<task>)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def resolve(args: argparse.Namespace, error) -> dict:
+    """Task defaults filled in, every option checked; calls error(msg) on bad options."""
+    if args.task not in TASKS:
+        error(f"unknown task {args.task!r}; choose one of: {', '.join(TASKS)}")
+    task_cls = TASKS[args.task]
+    cfg = dict(task_cls.defaults)
+    for key in ("population", "sigma", "lr", "generations", "batch"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    if args.hidden is not None:
+        try:
+            cfg["hidden"] = [int(h) for h in args.hidden.split(",") if h.strip()]
+        except ValueError:
+            error(f"--hidden must be comma-separated positive ints, e.g. 64,64; got {args.hidden!r}")
+        if any(h <= 0 for h in cfg["hidden"]):
+            error(f"--hidden sizes must be positive; got {args.hidden!r}")
+    antithetic = not args.no_antithetic
+    if cfg["population"] <= 0:
+        error(f"--population must be positive; got {cfg['population']}")
+    if antithetic and cfg["population"] % 2:
+        error(f"--population must be even with antithetic pairs (or pass --no-antithetic); got {cfg['population']}")
+    if not cfg["sigma"] > 0:
+        error(f"--sigma must be > 0; got {cfg['sigma']}")
+    if not cfg["lr"] > 0:
+        error(f"--lr must be > 0; got {cfg['lr']}")
+    if cfg["generations"] <= 0:
+        error(f"--generations must be positive; got {cfg['generations']}")
+    if args.eval_every <= 0:
+        error(f"--eval-every must be positive; got {args.eval_every}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        error(f"--device must be cpu, cuda or cuda:N; got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        error(f"--device {args.device} asked for CUDA, but no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        error(f"--device must be cpu, cuda or cuda:N; got {args.device!r}")
+    cfg.update(task=args.task, antithetic=antithetic, device=device, out=args.out or f"runs/{args.task}")
+    return cfg
+
+
+def run(args: argparse.Namespace, error) -> int:
+    from ..es import ES
+    from .loop import train
+
+    cfg = resolve(args, error)
+    torch.manual_seed(args.seed)  # the initial center
+    task = TASKS[cfg["task"]](cfg["device"], args.seed, cfg["batch"])
+    module = task.build_model(cfg["hidden"]).to(cfg["device"])
+    es = ES(module, population_size=cfg["population"], sigma=cfg["sigma"], lr=cfg["lr"],
+            antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed)
+    print(f"virtual_noise ES | task {task.name} | {es.population.n_params} parameters | population "
+          f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | sigma {es.sigma} | lr {cfg['lr']} | "
+          f"device {cfg['device']}")
+    summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
+                    time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume)
+    print(f"done: {summary['generations']} generations in {summary['seconds']:.1f} s | "
+          f"{task.metric_name} {summary[task.metric_name]:.4f} (target {task.target}, "
+          f"{'reached' if summary['reached_target'] else 'NOT reached'}) | stopped: {summary['stopped']}")
+    print(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
+    print(json.dumps(summary))
+    return 0
