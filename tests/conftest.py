@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import virtual_noise  # noqa: E402,F401  (loads the operators)
 
+collect_ignore = ["interpret"]  # run by test_triton_interpreter.py under TRITON_INTERPRET=1
+
 
 def cuda_ready() -> bool:
     return torch.cuda.is_available() and virtual_noise.build_info()["triton"]

@@ -1,1 +1,44 @@
-"""Registers the Triton launchers as the CUDA kernels of the C++-defined operators."""
+"""Registers the Triton launchers as the CUDA kernels of the C++-defined operators.
+
+Each kernel first runs the C++ argument checks (torch.ops.virtual_noise._validate_*,
+metadata only, no device sync), so CUDA callers get the CPU backend's errors.
+"""
+
+import torch
+
+from . import generate_noise as _gen
+from . import noise_gradient as _grad
+from . import perturbed_linear as _lin
+from . import reduce_metric as _red
+
+_ops = torch.ops.virtual_noise
+
+
+@torch.library.register_kernel("virtual_noise::perturbed_linear", "cuda")
+def _perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic=False):
+    _ops._validate_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic)
+    return _lin.perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic)
+
+
+@torch.library.register_kernel("virtual_noise::weight_gradient", "cuda")
+def _weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, antithetic=False):
+    _ops._validate_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, antithetic)
+    return _grad.weight_gradient(fitness, seeds, list(weight_shape), sigma, pop_size, offset, antithetic)
+
+
+@torch.library.register_kernel("virtual_noise::bias_gradient", "cuda")
+def _bias_gradient(fitness, seeds, bias_shape, sigma, pop_size, offset, antithetic=False):
+    _ops._validate_bias_gradient(fitness, seeds, bias_shape, sigma, pop_size, offset, antithetic)
+    return _grad.bias_gradient(fitness, seeds, list(bias_shape), sigma, pop_size, offset, antithetic)
+
+
+@torch.library.register_kernel("virtual_noise::reduce_metric", "cuda")
+def _reduce_metric(center, seeds, sigma, n_params, offset, antithetic=False):
+    _ops._validate_reduce_metric(center, seeds, sigma, n_params, offset, antithetic)
+    return _red.reduce_metric(center, seeds, sigma, n_params, offset, antithetic)
+
+
+@torch.library.register_kernel("virtual_noise::generate_noise", "cuda")
+def _generate_noise(seeds, n_elements, offset):
+    _ops._validate_generate_noise(seeds, n_elements, offset)
+    return _gen.generate_noise(seeds, n_elements, offset)

@@ -1,0 +1,228 @@
+"""CUDA (Triton) throughput against the naive materialized-noise PyTorch version,
+side by side in one run, with the splitmix64 generation roof measured alongside.
+
+    python benchmarks/bench_cuda.py [--out DIR] [--quick]
+
+Prints a markdown table (noise elements/s, fraction of the roof, peak extra
+memory beyond the output, ratio to naive) and writes bench_cuda.{md,json,png}.
+Float32 dots run at torch's "high" precision (tf32), the rate the targets use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import machine_line, markdown_table  # noqa: E402
+
+import virtual_noise as vn  # noqa: E402
+from virtual_noise.cuda.noise_spec import noise_at, seed_key  # noqa: E402
+
+MiB = 2**20
+
+
+def cuda_median_ms(fn, repeats=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def peak_extra_mib(fn):
+    """Peak allocation during fn beyond what was allocated before and the result itself."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    out_bytes = out.numel() * out.element_size()
+    return (torch.cuda.max_memory_allocated() - before - out_bytes) / MiB
+
+
+@triton.jit
+def _roof_splitmix(out_ptr, n_per_prog, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    key = seed_key(pid.to(tl.int64))
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    base = pid.to(tl.int64) * n_per_prog
+    for s in range(0, n_per_prog, BLOCK):
+        acc += noise_at(key, base + s + tl.arange(0, BLOCK))
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+@triton.jit
+def _roof_philox(out_ptr, n_per_prog, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    base = pid * n_per_prog
+    for s in range(0, n_per_prog, BLOCK):
+        acc += tl.rand(1234, base + s + tl.arange(0, BLOCK)) - 0.5
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+def roofs():
+    progs, per = 132 * 16, 2**20
+    out = torch.empty(progs, device="cuda")
+    res = {}
+    for name, kern in [("splitmix64 hash+reduce", _roof_splitmix), ("tl.rand (Philox)", _roof_philox)]:
+        ms = cuda_median_ms(lambda: kern[(progs,)](out, per, BLOCK=1024, num_warps=8))
+        res[name] = progs * per / ms / 1e6  # G elements/s
+    return res
+
+
+def tf32_rate():
+    a, b = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
+    ms = cuda_median_ms(lambda: a @ b, repeats=10)
+    return 2 * 8192**3 / ms / 1e9  # TFLOP/s
+
+
+def naive_forward(x, w, b, pop, sigma):
+    out_f, in_f = w.shape
+    noise = torch.rand(pop, out_f, in_f, device=x.device) - 0.5
+    weights = w + sigma * noise
+    del noise
+    bias = b + sigma * (torch.rand(pop, out_f, device=x.device) - 0.5)
+    xs = x.expand(pop, *x.shape[-2:]) if x.dim() == 2 else x
+    return torch.baddbmm(bias[:, None, :], xs, weights.transpose(1, 2))
+
+
+def naive_gradient(f, n, pop, sigma):
+    return f @ (torch.rand(pop, n, device=f.device) - 0.5) / (pop * sigma)
+
+
+def naive_reduce(c, pop, sigma):
+    return (c + sigma * (torch.rand(pop, c.numel(), device=c.device) - 0.5)).abs().mean(dim=1)
+
+
+def measure(fn, repeats):
+    try:
+        ms = cuda_median_ms(fn, repeats=repeats)
+        mem = peak_extra_mib(fn)
+        return ms, mem
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None, None
+
+
+FORWARD = [  # (P, B, in, out, per-individual x)
+    (1024, 64, 784, 256, False),
+    (4096, 1, 256, 256, True),
+    (256, 64, 1024, 1024, False),
+    (64, 256, 4096, 4096, False),
+    (16384, 64, 512, 2048, False),
+    (256, 1024, 512, 512, False),
+]
+GRADIENT = [(1024, 1024, 1024), (16384, 2048, 512)]
+REDUCE = [(1024, 50_000_000)]
+
+
+def run(quick: bool):
+    torch.set_float32_matmul_precision("high")
+    sigma = 0.02
+    g = torch.Generator(device="cuda").manual_seed(0)
+    roof = roofs()
+    roof_g = roof["splitmix64 hash+reduce"]
+    tf32 = tf32_rate()
+    rows, records = [], []
+
+    def add(kind, shape, elements, ours, naive, anti, flops=None):
+        ms, mem = ours
+        nms, nmem = naive
+        rate = elements / ms / 1e6
+        rec = dict(kind=kind, shape=shape, antithetic=anti, ms=ms, g_el_s=rate, roof_frac=rate / roof_g,
+                   peak_extra_mib=mem, naive_ms=nms, naive_g_el_s=None if nms is None else elements / nms / 1e6,
+                   naive_peak_extra_mib=nmem, speedup=None if nms is None else nms / ms)
+        if flops is not None:
+            rec["tflops"] = flops / ms / 1e9
+            rec["tf32_frac"] = rec["tflops"] / tf32
+        records.append(rec)
+        rows.append([kind + (" antithetic" if anti else ""), shape, f"{ms:.3f}", f"{rate:.0f}", f"{rec['roof_frac']:.0%}",
+                     f"{mem:.1f}", "OOM" if nms is None else f"{nms:.2f}",
+                     "OOM" if nms is None else f"{rec['naive_g_el_s']:.0f}", "-" if nms is None else f"{rec['speedup']:.1f}x",
+                     "" if flops is None else f"{rec['tflops']:.0f} TFLOP/s = {rec['tf32_frac']:.0%} of tf32"])
+
+    for P, B, i, o, per in FORWARD[:2] if quick else FORWARD:
+        w = torch.randn(o, i, device="cuda", generator=g)
+        b = torch.randn(o, device="cuda", generator=g)
+        x = torch.randn((P, B, i) if per else (B, i), device="cuda", generator=g)
+        shape = f"P={P} B={B} {i}->{o}" + (" per-indiv x" if per else "")
+        naive = measure(lambda: naive_forward(x, w, b, P, sigma), 3)
+        for anti in (False, True):
+            seeds = torch.arange(P // 2 if anti else P, device="cuda")
+            ours = measure(lambda: vn.virtual_perturbed_linear(x, w, b, seeds, sigma, 0, antithetic=anti), 10)
+            add("forward", shape, P * o * i, ours, naive if not anti else (None, None), anti,
+                flops=2 * P * B * i * o if B >= 1024 else None)
+    for P, o, i in GRADIENT[:1] if quick else GRADIENT:
+        f = torch.randn(P, device="cuda", generator=g)
+        naive = measure(lambda: naive_gradient(f, o * i, P, sigma), 3)
+        for anti in (False, True):
+            seeds = torch.arange(P // 2 if anti else P, device="cuda")
+            ours = measure(lambda: vn.virtual_weight_gradient(f, seeds, (o, i), sigma, P, 0, antithetic=anti), 10)
+            add("weight gradient", f"P={P} {o}x{i}", P * o * i, ours, naive if not anti else (None, None), anti)
+    for P, n in [] if quick else REDUCE:
+        c = torch.randn(n, device="cuda", generator=g)
+        naive = measure(lambda: naive_reduce(c, P, sigma), 3)
+        for anti in (False, True):
+            seeds = torch.arange(P // 2 if anti else P, device="cuda")
+            ours = measure(lambda: vn.virtual_reduce_metric(c, seeds, sigma, n, 0, antithetic=anti), 5)
+            add("reduce", f"P={P} n={n:,}", P * n, ours, naive if not anti else (None, None), anti)
+    return roof, tf32, rows, records
+
+
+def plot(records, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["kind"].replace("weight ", "") + "\n" + r["shape"] + ("\nanti" if r["antithetic"] else "") for r in records]
+    fig, ax = plt.subplots(figsize=(max(8, len(records) * 0.9), 4.5))
+    xs = range(len(records))
+    ax.bar([x - 0.2 for x in xs], [r["g_el_s"] for r in records], width=0.4, label="virtual_noise (Triton)")
+    ax.bar([x + 0.2 for x in xs], [r["naive_g_el_s"] or 0 for r in records], width=0.4, label="naive materialized (0 = OOM or not run)")
+    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_ylabel("G noise elements / s")
+    ax.set_title("virtual_noise on H200: throughput vs shape")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    roof, tf32, rows, records = run(args.quick)
+    head = [machine_line().replace(os.uname().nodename, ""), f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__}",
+            "Roofs (generation only): " + ", ".join(f"{k} {v:.0f} G el/s" for k, v in roof.items())
+            + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s"]
+    table = markdown_table(["op", "shape", "ms", "G el/s", "of roof", "peak extra MiB", "naive ms", "naive G el/s",
+                            "speed-up", "matmul"], rows)
+    text = "\n".join(head) + "\n\n" + table + "\n"
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_cuda.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
+        json.dump({"roof_g_el_s": roof, "tf32_tflops": tf32, "rows": records}, f, indent=1)
+    plot(records, os.path.join(args.out, "bench_cuda.png"))
+
+
+if __name__ == "__main__":
+    main()

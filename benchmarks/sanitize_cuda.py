@@ -1,0 +1,29 @@
+"""Runs each CUDA kernel once on small, edge-shaped inputs; meant to run under
+compute-sanitizer (memcheck), with PyTorch's caching allocator off so that
+out-of-bounds accesses land outside any allocation:
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python benchmarks/sanitize_cuda.py
+"""
+
+import torch
+
+import virtual_noise as vn
+
+s = torch.tensor([1, -2, 2**40], device="cuda")
+for shared in (True, False):
+    for anti in (False, True):
+        pop = 6 if anti else 3
+        x = torch.randn((5, 37) if shared else (pop, 5, 37), device="cuda")
+        for dtype in (torch.float32, torch.bfloat16):
+            w, b = torch.randn(19, 37, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
+            vn.virtual_perturbed_linear(x.to(dtype), w, b, s, 0.1, 3, antithetic=anti)
+            vn.virtual_perturbed_linear(x.to(dtype), w, None, s, 0.1, 3, antithetic=anti)
+f = torch.randn(6, device="cuda")
+vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
+vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)
+vn.virtual_bias_gradient(torch.randn(3000, device="cuda"), torch.arange(3000, device="cuda"), (7,), 0.1, 3000, 0)
+vn.virtual_reduce_metric(torch.randn(1001, device="cuda"), s, 0.1, 1001, 5, antithetic=True)
+vn.virtual_reduce_metric(torch.randn(13, device="cuda"), torch.arange(21, device="cuda"), 0.1, 13, 5)
+vn.generate_noise(s, 1027, 2**33)
+torch.cuda.synchronize()
+print("sanitize_cuda: all kernels ran")

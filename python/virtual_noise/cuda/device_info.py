@@ -1,0 +1,30 @@
+"""Device facts the launchers size their grids and dot precision from."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (read from the device); 4 off-GPU (the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fp32_dot_precision(device: torch.device) -> str:
+    """tl.dot input precision for float32 inputs, following torch's matmul precision.
+
+    "highest" -> tf32x3 (three tf32 products: float32-level accuracy on tensor
+    cores); "high"/"medium" -> tf32. Off-GPU the interpreter computes in ieee.
+    """
+    if device.type != "cuda":
+        return "ieee"
+    return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"

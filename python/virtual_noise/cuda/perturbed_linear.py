@@ -1,0 +1,135 @@
+"""perturbed_linear on CUDA: noise tiles generated in registers and fed to tl.dot.
+
+One program computes a (batch tile x output tile) block for one individual, or
+for both members of an antithetic pair from the same noise tile. The noise
+tile (BK inputs x BN outputs) is hashed once per batch tile and never written
+to memory; batches up to 128 fit one batch tile, so each noise element is
+hashed once.
+
+Shared x: the shared part x @ W^T + b is one cuBLAS GEMM in float32; the
+kernel adds sigma * (x @ N_i^T + nb_i), once per pair with antithetic (+/-).
+Per-individual x: the kernel computes x_i @ W^T from W tiles and
+x_i @ N_i^T from noise tiles in the same K loop.
+
+Precision contract: accumulation is float32. The W part of the product has
+x's precision (float32 dots follow torch.get_float32_matmul_precision:
+"highest" -> tf32x3, else tf32); the noise enters the dot rounded to x's dtype
+(bf16/fp16 inputs) or at the fp32 dot precision, so the sigma-scaled noise
+term's rounding is the only difference from the noise the gradient sees.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .device_info import fp32_dot_precision
+from .noise_spec import noise_at, seed_key
+
+
+@triton.jit
+def _perturbed_linear_kernel(
+    x_ptr, w_ptr, b_ptr, base_ptr, out_ptr, seeds_ptr,
+    batch, in_f, out_f,
+    stride_xp, stride_xb, stride_xk,
+    stride_wn, stride_wk,
+    stride_op, stride_ob,
+    sigma, w_offset, b_offset,
+    SHARED_X: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    n_tiles = tl.cdiv(out_f, BN)
+    u = tl.program_id(0) // n_tiles
+    t = tl.program_id(0) % n_tiles
+    key = seed_key(tl.load(seeds_ptr + u))
+    i0 = (u * 2 if ANTITHETIC else u).to(tl.int64)
+
+    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+    offs_n = t * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    mask_m, mask_n = offs_m < batch, offs_n < out_f
+    row_e = w_offset + offs_n.to(tl.int64) * in_f  # noise index of (n, k=0)
+
+    x0_ptrs = x_ptr + (0 if SHARED_X else i0 * stride_xp) + offs_m[:, None] * stride_xb
+    noise0 = tl.zeros((BM, BN), dtype=tl.float32)
+    noise1 = tl.zeros((BM, BN), dtype=tl.float32)  # second member, per-individual antithetic
+    lin0 = tl.zeros((BM, BN), dtype=tl.float32)
+    lin1 = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, in_f, BK):
+        kk = k0 + offs_k
+        mask_k = kk < in_f
+        x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        nt = noise_at(key, row_e[None, :] + kk[:, None]).to(x0.dtype)  # (BK, BN): N_u^T tile
+        noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
+        if not SHARED_X:
+            wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk,
+                         mask=mask_n[None, :] & mask_k[:, None], other=0.0)
+            lin0 = tl.dot(x0, wt, lin0, input_precision=PRECISION)
+            if ANTITHETIC:
+                x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk,
+                             mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
+                lin1 = tl.dot(x1, wt, lin1, input_precision=PRECISION)
+
+    if HAS_BIAS:
+        nb = noise_at(key, b_offset + offs_n.to(tl.int64))[None, :]
+    else:
+        nb = tl.zeros((1, BN), dtype=tl.float32)
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SHARED_X:
+        base = tl.load(base_ptr + offs_m[:, None] * out_f + offs_n[None, :], mask=mask, other=0.0)
+        base1 = base
+        noise1 = noise0
+    else:
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            bias = tl.zeros((1, BN), dtype=tl.float32)
+        base = lin0 + bias
+        base1 = lin1 + bias
+    out_ptrs = out_ptr + offs_m[:, None] * stride_ob + offs_n[None, :]
+    y0 = base + sigma * (noise0 + nb)
+    tl.store(out_ptrs + i0 * stride_op, y0.to(out_ptr.dtype.element_ty), mask=mask)
+    if ANTITHETIC:
+        y1 = base1 - sigma * (noise1 + nb)
+        tl.store(out_ptrs + (i0 + 1) * stride_op, y1.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _tiles(batch: int, out_f: int, in_f: int):
+    bm = min(128, max(16, triton.next_power_of_2(batch)))
+    bn = 128 if out_f >= 128 else max(16, triton.next_power_of_2(out_f))
+    bk = 32 if bm * bn >= 128 * 128 else 64
+    bk = min(bk, max(16, triton.next_power_of_2(in_f)))
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    return bm, bn, bk, warps
+
+
+def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
+    pop = seeds.numel() * (2 if antithetic else 1)
+    out_f, in_f = weight.shape
+    shared = x.dim() == 2
+    batch = x.shape[-2]
+    out = torch.empty(pop, batch, out_f, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    seeds = seeds.to(torch.int64).contiguous()
+    if shared:  # the shared part, once, in float32 (cuBLAS)
+        xf, wf = x.float(), weight.float()
+        base = torch.addmm(bias.float(), xf, wf.t()) if bias is not None else xf @ wf.t()
+        base = base.contiguous()
+    else:
+        base = out  # unused
+    x3 = x if not shared else x[None]
+    bm, bn, bk, warps = _tiles(batch, out_f, in_f)
+    grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
+    precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
+    _perturbed_linear_kernel[grid](
+        x3, weight, bias if bias is not None else weight, base, out, seeds,
+        batch, in_f, out_f,
+        0 if shared else x3.stride(0), x3.stride(1), x3.stride(2),
+        weight.stride(0), weight.stride(1),
+        out.stride(0), out.stride(1),
+        float(sigma), offset, offset + out_f * in_f,
+        SHARED_X=shared, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
+        BM=bm, BN=bn, BK=bk, PRECISION=precision, num_warps=warps, num_stages=2,
+    )
+    return out

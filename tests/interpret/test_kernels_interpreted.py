@@ -1,0 +1,99 @@
+"""Every Triton kernel, interpreted on CPU tensors, against the C++ CPU operators
+and the float64 reference: bit-identical noise, matching outputs."""
+
+import pytest
+import torch
+from reference import gradient_ref, perturbed_linear_ref, reduce_metric_ref
+
+import virtual_noise as vn
+from virtual_noise.cuda import generate_noise as gen
+from virtual_noise.cuda import noise_gradient as grad
+from virtual_noise.cuda import perturbed_linear as lin
+from virtual_noise.cuda import reduce_metric as red
+
+BIG = [0, 5, 2**31 - 3, 2**32 + 7, 2**45 + 1]
+
+
+def seeds_for(n, g):
+    return torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+
+
+@pytest.mark.parametrize("offset", BIG)
+def test_noise_bits_identical(offset):
+    g = torch.Generator().manual_seed(offset % 1000)
+    s = torch.cat([seeds_for(5, g), torch.tensor([0, -1, 2**31, -(2**63), 2**63 - 1])])
+    assert torch.equal(gen.generate_noise(s, 1500, offset), vn.generate_noise(s, 1500, offset))
+
+
+def test_forward_noise_tile_bits_identical():
+    # W = 0, b = 0, sigma = 1, x = I: Y[i] = N_i^T + nb_i exactly (ieee dot with the identity).
+    s = torch.tensor([3, -9, 2**40])
+    out_f, in_f = 40, 33
+    y = lin.perturbed_linear(torch.eye(in_f), torch.zeros(out_f, in_f), torch.zeros(out_f), s, 1.0, 2**33, False)
+    noise = vn.generate_noise(s, out_f * in_f + out_f, 2**33)
+    want = noise[:, : out_f * in_f].view(3, out_f, in_f).transpose(1, 2) + noise[:, None, out_f * in_f:]
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_perturbed_linear(dtype, shared, antithetic, with_bias):
+    g = torch.Generator().manual_seed(hash((dtype, shared, antithetic, with_bias)) % 2**31)
+    m, batch, in_f, out_f = 3, 5, 70, 150  # several K steps, out spans two tiles
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype) if with_bias else None
+    y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 11, antithetic)
+    cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 11, antithetic=antithetic)
+    ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 11, antithetic)
+    assert y.dtype == dtype and y.shape == cpu.shape
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * in_f**0.5)
+    torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+
+
+def test_perturbed_linear_strided_and_tiny():
+    g = torch.Generator().manual_seed(1)
+    s = seeds_for(4, g)
+    x = torch.randn(4, 9, 3, generator=g).transpose(1, 2)  # (4, 3, 9) strided
+    w = torch.randn(9, 6, generator=g).t()  # (6, 9) strided
+    y = lin.perturbed_linear(x, w, None, s, 0.5, 1, False)
+    torch.testing.assert_close(y.double(), perturbed_linear_ref(x, w, None, s, 0.5, 1), rtol=1e-5, atol=1e-5)
+    assert lin.perturbed_linear(torch.randn(0, 9), w, None, s, 0.5, 1, False).shape == (4, 0, 6)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("shape,m", [((7, 300), 3), ((1, 20), 200)])  # second: population splits
+def test_weight_gradient(antithetic, shape, m):
+    g = torch.Generator().manual_seed(m)
+    pop = 2 * m if antithetic else m
+    s, f = seeds_for(m, g), torch.randn(pop, generator=g)
+    out = grad.weight_gradient(f, s, list(shape), 0.1, pop, 2**32 - 5, antithetic)
+    cpu = vn.virtual_weight_gradient(f, s, shape, 0.1, pop, 2**32 - 5, antithetic=antithetic)
+    ref = gradient_ref(f, s, shape, 0.1, pop, 2**32 - 5, antithetic)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(out, cpu, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+
+
+def test_bias_gradient_and_empty():
+    g = torch.Generator().manual_seed(2)
+    s, f = seeds_for(5, g), torch.randn(5, generator=g)
+    torch.testing.assert_close(grad.bias_gradient(f, s, [33], 0.2, 5, 7, False),
+                               vn.virtual_bias_gradient(f, s, (33,), 0.2, 5, 7), rtol=1e-5, atol=1e-6)
+    assert torch.equal(grad.weight_gradient(torch.zeros(0), s[:0], [2, 3], 0.1, 0, 0, False), torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("n,m", [(3001, 3), (10, 17)])
+def test_reduce_metric(antithetic, n, m):
+    g = torch.Generator().manual_seed(n)
+    s, c = seeds_for(m, g), torch.randn(n, generator=g)
+    out = red.reduce_metric(c, s, 0.2, n, 2**33 + 3, antithetic)
+    cpu = vn.virtual_reduce_metric(c, s, 0.2, n, 2**33 + 3, antithetic=antithetic)
+    torch.testing.assert_close(out.double(), reduce_metric_ref(c, s, 0.2, 2**33 + 3, antithetic), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, cpu, rtol=1e-5, atol=1e-6)
+    assert torch.isnan(red.reduce_metric(c[:0], s, 0.2, 0, 0, antithetic)).all()

@@ -1,0 +1,169 @@
+"""The CUDA (Triton) backend on a real GPU. Marked gpu: skipped without CUDA and
+triton (CI), run on the device machine."""
+
+import pytest
+import torch
+from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metric_ref
+
+import virtual_noise as vn
+
+pytestmark = pytest.mark.gpu
+ops = torch.ops.virtual_noise
+TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def seeds_for(n, g):
+    return torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+
+
+@pytest.mark.parametrize("offset", [0, 2**31 - 7, 2**32 + 3, 2**50])
+def test_noise_bits_match_cpu(offset):
+    s = torch.cat([seeds_for(6, torch.Generator().manual_seed(1)), torch.tensor([0, -1, 2**31])])
+    n = 300_003
+    assert torch.equal(vn.generate_noise(s.cuda(), n, offset).cpu(), vn.generate_noise(s, n, offset))
+    assert vn.generate_noise(torch.tensor([0]).cuda(), 1, 0).item() == 0.4970219135284424
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("batch", [1, 37, 300])
+def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_bias, batch):
+    g = torch.Generator().manual_seed(batch)
+    m, in_f, out_f = 3, 200, 150
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype) if with_bias else None
+    args = (s, 0.3, 2**31 + 5)
+    y = vn.virtual_perturbed_linear(x.cuda(), w.cuda(), b.cuda() if b is not None else None, *[a.cuda() if torch.is_tensor(a) else a for a in args], antithetic=antithetic)
+    assert y.dtype == dtype and y.is_cuda
+    ref = perturbed_linear_ref(x, w, b, *args, antithetic)
+    cpu = vn.virtual_perturbed_linear(x, w, b, *args, antithetic=antithetic)
+    tol = TOL[dtype]
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
+    torch.testing.assert_close(y.cpu().double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+
+
+def test_tf32_precision_follows_torch_setting():
+    g = torch.Generator().manual_seed(0)
+    s = seeds_for(2, g).cuda()
+    x, w = torch.randn(64, 512, generator=g).cuda(), torch.randn(64, 512, generator=g).cuda()
+    ref = perturbed_linear_ref(x.cpu(), w.cpu(), None, s.cpu(), 0.5, 0)
+    old = torch.get_float32_matmul_precision()
+    try:
+        errs = {}
+        for p in ["highest", "high"]:
+            torch.set_float32_matmul_precision(p)
+            errs[p] = (vn.virtual_perturbed_linear(x, w, None, s, 0.5, 0).cpu().double() - ref).abs().max().item()
+    finally:
+        torch.set_float32_matmul_precision(old)
+    # highest: float32-level (tf32x3); high: tf32, visibly coarser.
+    assert errs["highest"] < 1e-3 and 4 * errs["highest"] < errs["high"], errs
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("shape,m", [((256, 784), 64), ((3, 5), 3000), ((1024, 1024), 8)])
+def test_gradients_vs_reference_and_cpu(antithetic, shape, m):
+    g = torch.Generator().manual_seed(m)
+    pop = 2 * m if antithetic else m
+    s, f = seeds_for(m, g), torch.randn(pop, generator=g)
+    out = vn.virtual_weight_gradient(f.cuda(), s.cuda(), shape, 0.05, pop, 2**32 + 1, antithetic=antithetic).cpu()
+    cpu = vn.virtual_weight_gradient(f, s, shape, 0.05, pop, 2**32 + 1, antithetic=antithetic)
+    scale = cpu.abs().max().item()
+    torch.testing.assert_close(out, cpu, rtol=1e-4, atol=1e-5 * scale)
+    if shape[0] * shape[1] * pop <= 2e7:
+        ref = gradient_ref(f, s, shape, 0.05, pop, 2**32 + 1, antithetic)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5 * scale)
+    b = vn.virtual_bias_gradient(f.cuda(), s.cuda(), (shape[0],), 0.05, pop, 7, antithetic=antithetic).cpu()
+    torch.testing.assert_close(b, vn.virtual_bias_gradient(f, s, (shape[0],), 0.05, pop, 7, antithetic=antithetic),
+                               rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("n,m", [(1_000_003, 5), (100, 700)])
+def test_reduce_metric_vs_cpu(antithetic, n, m):
+    g = torch.Generator().manual_seed(n)
+    s, c = seeds_for(m, g), torch.randn(n, generator=g)
+    out = vn.virtual_reduce_metric(c.cuda(), s.cuda(), 0.1, n, 2**31 + 1, antithetic=antithetic).cpu()
+    torch.testing.assert_close(out, vn.virtual_reduce_metric(c, s, 0.1, n, 2**31 + 1, antithetic=antithetic),
+                               rtol=1e-5, atol=1e-6)
+    if n * m <= 1e6:
+        torch.testing.assert_close(out.double(), reduce_metric_ref(c, s, 0.1, 2**31 + 1, antithetic), rtol=1e-5, atol=1e-6)
+
+
+def test_indices_past_2_pow_31_inside_one_block():
+    # A block of more than 2^31 elements: element indices themselves pass 2^31 in the kernels.
+    s = torch.tensor([12345]).cuda()
+    n = 2**31 + 1000
+    f = torch.ones(1).cuda()
+    g = vn.virtual_bias_gradient(f, s, (n,), 1.0, 1, 0)
+    tail = noise_ref([12345], 1000, 2**31).float().flatten()
+    assert torch.equal(g[2**31:].cpu(), tail)
+    del g
+    r = vn.virtual_reduce_metric(torch.zeros(n, device="cuda"), s, 1.0, n, 0)
+    assert abs(r.item() - 0.25) < 1e-3  # mean |U[-0.5, 0.5)|
+
+
+def test_deterministic_run_to_run():
+    g = torch.Generator().manual_seed(3)
+    s, f = seeds_for(512, g).cuda(), torch.randn(1024, generator=g).cuda()
+    x, w = torch.randn(64, 512, generator=g).cuda(), torch.randn(256, 512, generator=g).cuda()
+    for fn in [lambda: vn.virtual_perturbed_linear(x, w, None, s, 0.1, 0, antithetic=True),
+               lambda: vn.virtual_weight_gradient(f, s, (256, 512), 0.1, 1024, 0, antithetic=True),
+               lambda: vn.virtual_bias_gradient(f[:512], s, (37,), 0.1, 512, 0),
+               lambda: vn.virtual_reduce_metric(w, s, 0.1, w.numel(), 0, antithetic=True)]:
+        a, b = fn(), fn()
+        assert torch.equal(a, b)
+
+
+def test_opcheck_cuda():
+    g = torch.Generator().manual_seed(5)
+    s = seeds_for(3, g).cuda()
+    x, w, b = torch.randn(4, 32, generator=g).cuda(), torch.randn(16, 32, generator=g).cuda(), torch.randn(16, generator=g).cuda()
+    f = torch.randn(6, generator=g).cuda()
+    for op, args in [(ops.perturbed_linear, (x, w, b, s, 0.1, 0, True)),
+                     (ops.perturbed_linear, (x.expand(3, 4, 32).bfloat16(), w.bfloat16(), None, s, 0.1, 5, False)),
+                     (ops.weight_gradient, (f, s, [16, 32], 0.1, 6, 0, True)),
+                     (ops.bias_gradient, (f[:3], s, [16], 0.1, 3, 512, False)),
+                     (ops.reduce_metric, (w, s, 0.1, 512, 0, False)),
+                     (ops.generate_noise, (s, 100, 2**33))]:
+        torch.library.opcheck(op, args)
+
+
+def test_cuda_graph_capture_and_compile():
+    g = torch.Generator().manual_seed(6)
+    s = seeds_for(8, g).cuda()
+    x, w, b = torch.randn(16, 64, generator=g).cuda(), torch.randn(32, 64, generator=g).cuda(), torch.randn(32, generator=g).cuda()
+    f = torch.randn(16, generator=g).cuda()
+
+    def step():
+        y = vn.virtual_perturbed_linear(x, w, b, s, 0.1, 0, antithetic=True)
+        fit = y.mean(dim=(1, 2)) + f
+        return vn.virtual_weight_gradient(fit, s, (32, 64), 0.1, 16, 0, antithetic=True)
+
+    want = step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()  # warm-up on the side stream
+        with torch.cuda.graph(graph):
+            out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(compiled(), want)
+
+
+def test_es_training_on_cuda(tmp_path):
+    from virtual_noise.__main__ import main
+    import json
+
+    out = tmp_path / "run"
+    assert main(["train", "--device", "cuda", "--generations", "100", "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"].startswith("cuda") and summary["test_acc"] >= 0.9
