@@ -33,6 +33,11 @@ def _noise_gradient_kernel(coef_ptr, seeds_ptr, partial_ptr, n, units, units_per
     tl.store(partial_ptr + split.to(tl.int64) * n + ee, acc, mask=ee < n)
 
 
+def config(n: int, units: int):
+    """(BLOCK_E, BLOCK_U, num_warps): a static choice (a fixed config keeps results bit-stable)."""
+    return 256, 16, 4
+
+
 def noise_weighted_sum(fitness, seeds, n, sigma, pop_size, offset, antithetic):
     device = seeds.device
     if n == 0 or seeds.numel() == 0:
@@ -41,7 +46,7 @@ def noise_weighted_sum(fitness, seeds, n, sigma, pop_size, offset, antithetic):
     coef = (f.view(-1, 2)[:, 0] - f.view(-1, 2)[:, 1] if antithetic else f).to(torch.float32).contiguous()
     seeds = seeds.to(torch.int64).contiguous()
     units = seeds.numel()
-    block_e, block_u = 256, 16
+    block_e, block_u, warps = config(n, units)
     e_blocks = triton.cdiv(n, block_e)
     target = 4 * sm_count(device)  # programs to fill the device
     splits = max(1, min(triton.cdiv(units, 4 * block_u), triton.cdiv(target, e_blocks)))
@@ -49,7 +54,7 @@ def noise_weighted_sum(fitness, seeds, n, sigma, pop_size, offset, antithetic):
     splits = triton.cdiv(units, per_split)
     partial = torch.empty(splits, n, dtype=torch.float32, device=device)
     _noise_gradient_kernel[(e_blocks, splits)](coef, seeds, partial, n, units, per_split, offset,
-                                              BLOCK_U=block_u, BLOCK_E=block_e, num_warps=4)
+                                              BLOCK_U=block_u, BLOCK_E=block_e, num_warps=warps)
     total = partial[0] if splits == 1 else partial.sum(dim=0)
     return total * (1.0 / (pop_size * sigma))
 
