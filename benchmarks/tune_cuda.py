@@ -46,7 +46,7 @@ for P, B, i, o, per in FORWARD:
                if c[0] * c[1] <= 256 * 128]
     for anti in (False,):
         seeds = torch.arange(P // 2 if anti else P, device="cuda")
-        print(f"forward P={P} B={B} {i}->{o} per={per} anti={anti} (default {original(B, o, i)})")
+        print(f"forward P={P} B={B} {i}->{o} per={per} anti={anti} (default {original(B, o, i, not per)})")
         sweep("cfg", configs, lambda c: setattr(perturbed_linear, "tiles", lambda *a, c=c: c),
               lambda: vn.virtual_perturbed_linear(x, w, b, seeds, 0.02, 0, antithetic=anti), P * o * i)
 perturbed_linear.tiles = original

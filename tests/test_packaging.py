@@ -73,6 +73,16 @@ def test_ops_library_has_no_python():
     assert not [s for s in undefined.split() if s.startswith(("Py", "_Py"))]
 
 
+def test_ops_library_shares_the_cxx_runtime():
+    # A private static libstdc++ inside the library crashes on its first error
+    # message (seen with one GCC toolchain); CMakeLists.txt links libtorch's.
+    lib = _library.OPS_LIBRARY_PATH
+    needed = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++.so.6" in needed
+    defined = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    assert "codecvt" not in defined
+
+
 def test_build_info():
     info = vn.build_info()
     assert info["torch_version"].split(".")[:2] == torch.__version__.split(".")[:2]

@@ -25,8 +25,26 @@ def seed_key(seed):
 
 
 @triton.jit
-def noise_at(key, e):
-    """float32 noise in [-0.5, 0.5) at element indices e (int64, >= 0) for uint64 keys (broadcasting)."""
-    h = mix64(key + e.to(tl.int64).to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15)
+def counter_offset(e):
+    """uint64(e) * GAMMA for element indices e >= 0 (any int dtype).
+
+    The counter of element e is key + counter_offset(e), and offsets add:
+    counter_offset(a + b) == counter_offset(a) + counter_offset(b) mod 2^64. Kernels
+    hoist the offsets of a tile's rows and columns out of their loops, so each
+    element costs one 64-bit add instead of a 64-bit multiply.
+    """
+    return e.to(tl.int64).to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15
+
+
+@triton.jit
+def noise_from_counter(c):
+    """float32 noise in [-0.5, 0.5) from uint64 counters key + counter_offset(e)."""
+    h = mix64(c)
     bits24 = ((h & 0xFFFFFFFF) >> 8).to(tl.int32)  # < 2^24: the float conversion is exact
     return bits24.to(tl.float32) * 5.9604644775390625e-08 - 0.5
+
+
+@triton.jit
+def noise_at(key, e):
+    """float32 noise at element indices e (int64, >= 0) for uint64 keys (broadcasting)."""
+    return noise_from_counter(key + counter_offset(e))
