@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..ops import virtual_bias_gradient, virtual_weight_gradient
+from .distributed import Shard
 from .population import VirtualPopulation
 from .shaping import shape_fitness
 
@@ -42,6 +43,15 @@ class ES:
         weight_decay: L2 coefficient added to each param.grad.
         optimizer: a factory ``params -> torch.optim.Optimizer`` to replace Adam.
         seed: seeds the generator that draws the population seeds.
+        distributed: shard the population over the ranks of ``process_group``
+            (default: when torch.distributed is initialized with several ranks).
+            Every rank must build its ES identically (same module init, same
+            seed); each then evaluates ``forward`` for its own slice and passes
+            its slice's fitness to ``tell``. See es/distributed.py.
+        process_group: the torch.distributed group (default: the world).
+        gradient_mode: with several ranks, "all_reduce" (default: each rank
+            estimates its slice's contribution, one all-reduce sums them) or
+            "recompute" (each rank estimates from all seeds; only fitness moves).
     """
 
     def __init__(
@@ -56,6 +66,9 @@ class ES:
         weight_decay: float = 0.0,
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         seed: int = 0,
+        distributed: bool | None = None,
+        process_group=None,
+        gradient_mode: str = "all_reduce",
     ):
         if not isinstance(population_size, int) or population_size < 1:
             raise ValueError(f"ES: population_size must be a positive int; got {population_size!r}")
@@ -66,6 +79,8 @@ class ES:
         if not (math.isfinite(weight_decay) and weight_decay >= 0):
             raise ValueError(f"ES: weight_decay must be finite and >= 0; got {weight_decay!r}")
         shape_fitness(torch.zeros(2), fitness_shaping)  # validates the name
+        if gradient_mode not in ("all_reduce", "recompute"):
+            raise ValueError(f"ES: gradient_mode must be 'all_reduce' or 'recompute'; got {gradient_mode!r}")
         self.module = module
         self.population = VirtualPopulation(module)
         self.population_size = population_size
@@ -77,7 +92,14 @@ class ES:
         self.optimizer = optimizer(params) if optimizer is not None else torch.optim.Adam(params, lr=lr)
         self.generator = torch.Generator().manual_seed(seed)
         self.generation = 0
-        self.seeds: Tensor | None = None
+        self.seeds: Tensor | None = None  # this rank's seeds for the current generation
+        self.all_seeds: Tensor | None = None
+        self.gradient_mode = gradient_mode
+        if distributed is None:
+            import torch.distributed as dist
+
+            distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
+        self.shard = Shard(self.n_seeds, 2 if antithetic else 1, process_group) if distributed else None
 
     @property
     def device(self) -> torch.device:
@@ -87,10 +109,29 @@ class ES:
     def n_seeds(self) -> int:
         return self.population_size // 2 if self.antithetic else self.population_size
 
+    @property
+    def local_population_size(self) -> int:
+        """Individuals this rank evaluates (the whole population in one process)."""
+        if self.shard is None:
+            return self.population_size
+        return (self.shard.end - self.shard.start) * self.shard.members
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.shard is None else self.shard.rank
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.shard is None else self.shard.world
+
     def ask(self) -> Tensor:
-        """Draw this generation's seeds (one per pair with antithetic)."""
-        self.seeds = torch.randint(SEED_LOW, SEED_HIGH, (self.n_seeds,), generator=self.generator,
-                                   dtype=torch.int64).to(self.device)
+        """Draw this generation's seeds (one per pair with antithetic); returns this rank's.
+
+        Every rank draws all seeds from the same generator, so no seeds are sent.
+        """
+        self.all_seeds = torch.randint(SEED_LOW, SEED_HIGH, (self.n_seeds,), generator=self.generator,
+                                       dtype=torch.int64).to(self.device)
+        self.seeds = self.all_seeds if self.shard is None else self.all_seeds[self.shard.local_seeds]
         return self.seeds
 
     def _require_seeds(self) -> Tensor:
@@ -102,33 +143,54 @@ class ES:
         """Population outputs (P, batch, out) for this generation's seeds."""
         return self.population(x, self._require_seeds(), self.sigma, self.antithetic)
 
+    def gather_fitness(self, fitness: Tensor) -> Tensor:
+        """This rank's fitness to the whole population's (identical on every rank)."""
+        self._require_seeds()
+        fitness = torch.as_tensor(fitness).flatten()
+        if fitness.numel() != self.local_population_size:
+            which = (f"population_size = {self.population_size}" if self.shard is None else
+                     f"{self.local_population_size} (rank {self.rank}'s part of population_size = {self.population_size})")
+            raise ValueError(f"ES: fitness must have {which} entries; got {fitness.numel()}")
+        full = fitness if self.shard is None else self.shard.gather_fitness(fitness)
+        if not torch.isfinite(full).all():
+            raise ValueError("ES: fitness holds NaN or inf")
+        return full
+
     @torch.no_grad()
     def estimate_gradient(self, fitness: Tensor) -> dict[str, Tensor]:
-        """Ascent direction per parameter name, variance-rescaled: E = grad of E[f]."""
-        seeds = self._require_seeds()
-        fitness = torch.as_tensor(fitness).flatten()
-        if fitness.numel() != self.population_size:
-            raise ValueError(f"ES: fitness must have population_size = {self.population_size} entries; "
-                             f"got {fitness.numel()}")
-        if not torch.isfinite(fitness).all():
-            raise ValueError("ES: fitness holds NaN or inf")
-        shaped = shape_fitness(fitness.to(self.device), self.fitness_shaping)
-        return {b.name: self._block_estimate(b, shaped, seeds) for b in self.population.blocks}
+        """Ascent direction per parameter name, variance-rescaled: its mean is grad E[f].
+
+        ``fitness`` is this rank's slice (the whole population in one process).
+        """
+        return self._estimate(self.gather_fitness(fitness))
+
+    def _estimate(self, full_fitness: Tensor) -> dict[str, Tensor]:
+        shaped = shape_fitness(full_fitness.to(self.device), self.fitness_shaping)
+        blocks = self.population.blocks
+        if self.shard is None or self.gradient_mode == "recompute":
+            return {b.name: self._block_estimate(b, shaped, self.all_seeds) for b in blocks}
+        part = [self._block_estimate(b, shaped[self.shard.local_population], self.seeds) for b in blocks]
+        total = self.shard.sum_gradients(torch.cat([g.flatten().float() for g in part]))
+        return {b.name: t.view(b.param.shape).to(b.param.dtype)
+                for b, t in zip(blocks, torch.split(total, [b.numel for b in blocks]))}
 
     def _block_estimate(self, block, shaped: Tensor, seeds: Tensor) -> Tensor:
+        """The block's estimate from the individuals in ``shaped`` (all, or one rank's slice):
+        sum over them of f_i N_i / (population_size * sigma), over the noise variance."""
         p = block.param
-        args = (shaped, seeds)
-        kw = dict(sigma=self.sigma, pop_size=self.population_size, offset=block.offset, antithetic=self.antithetic)
+        kw = dict(sigma=self.sigma, pop_size=shaped.numel(), offset=block.offset, antithetic=self.antithetic)
         if p.dim() == 2:
-            g = virtual_weight_gradient(*args, tuple(p.shape), **kw)
+            g = virtual_weight_gradient(shaped, seeds, tuple(p.shape), **kw)
         else:
-            g = virtual_bias_gradient(*args, (p.numel(),), **kw).view(p.shape)
-        return (g / NOISE_VARIANCE).to(p.dtype)
+            g = virtual_bias_gradient(shaped, seeds, (p.numel(),), **kw).view(p.shape)
+        # The operator divided by this slice's size; the estimate divides by the whole population's.
+        return (g * (shaped.numel() / self.population_size / NOISE_VARIANCE)).to(p.dtype)
 
     def tell(self, fitness: Tensor) -> dict[str, float]:
-        """Update the center from this generation's fitness; returns fitness statistics."""
-        fitness = torch.as_tensor(fitness).flatten()
-        estimate = self.estimate_gradient(fitness)
+        """Update the center from this generation's fitness (this rank's slice); returns
+        statistics of the whole population's fitness."""
+        fitness = self.gather_fitness(fitness)
+        estimate = self._estimate(fitness)
         self.optimizer.zero_grad(set_to_none=True)
         for b in self.population.blocks:
             grad = -estimate[b.name]  # optimizers minimize; ES ascends fitness
@@ -163,8 +225,14 @@ class ES:
         self.seeds = None
 
     def save(self, path, **extra) -> None:
-        """Checkpoint ES state (center, optimizer, seed generator) plus ``extra`` objects."""
-        torch.save({"es": self.state_dict(), "extra": extra}, path)
+        """Checkpoint ES state (center, optimizer, seed generator) plus ``extra`` objects.
+
+        With several ranks (identical by construction) rank 0 writes and all wait for it.
+        """
+        if self.rank == 0:
+            torch.save({"es": self.state_dict(), "extra": extra}, path)
+        if self.shard is not None:
+            self.shard.barrier()
 
     def load(self, path) -> dict:
         """Resume from ``save``; returns the ``extra`` objects saved with it."""

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dist-timeout", type=float, default=120.0,
+                   help="seconds a collective may wait under torchrun before the run fails (default 120)")
 
 
 def resolve(args: argparse.Namespace, error) -> dict:
@@ -67,6 +69,8 @@ def resolve(args: argparse.Namespace, error) -> dict:
         error(f"--device {args.device} asked for CUDA, but no CUDA device is available here")
     if device.type not in ("cpu", "cuda"):
         error(f"--device must be cpu, cuda or cuda:N; got {args.device!r}")
+    if not args.dist_timeout > 0:
+        error(f"--dist-timeout must be > 0; got {args.dist_timeout}")
     cfg.update(task=args.task, antithetic=antithetic, device=device, out=args.out or f"runs/{args.task}")
     return cfg
 
@@ -75,20 +79,34 @@ def run(args: argparse.Namespace, error) -> int:
     from ..es import ES
     from .loop import train
 
+    import os
+
+    from ..es.distributed import init_from_env
+
     cfg = resolve(args, error)
-    torch.manual_seed(args.seed)  # the initial center
+    distributed = init_from_env(cfg["device"], args.dist_timeout)
+    if distributed and cfg["device"].type == "cuda":  # one GPU per process under torchrun
+        cfg["device"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(cfg["device"])
+    torch.manual_seed(args.seed)  # the initial center, identical on every rank
     task = TASKS[cfg["task"]](cfg["device"], args.seed, cfg["batch"])
     module = task.build_model(cfg["hidden"]).to(cfg["device"])
     es = ES(module, population_size=cfg["population"], sigma=cfg["sigma"], lr=cfg["lr"],
             antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed)
-    print(f"virtual_noise ES | task {task.name} | {es.population.n_params} parameters | population "
-          f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | sigma {es.sigma} | lr {cfg['lr']} | "
-          f"device {cfg['device']}")
+    say = print if es.rank == 0 else (lambda *a, **k: None)
+    say(f"virtual_noise ES | task {task.name} | {es.population.n_params} parameters | population "
+        f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | sigma {es.sigma} | lr {cfg['lr']} | "
+        f"device {cfg['device']}" + (f" | {es.world_size} ranks ({torch.distributed.get_backend()})" if distributed else ""))
     summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
                     time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume)
-    print(f"done: {summary['generations']} generations in {summary['seconds']:.1f} s | "
+    if distributed:
+        say(f"communication per generation and rank: {summary['comm_bytes_per_generation_per_rank']:,} bytes "
+            f"(fitness all-gather + gradient all-reduce payload; O(P + n_params))")
+    say(f"done: {summary['generations']} generations in {summary['seconds']:.1f} s | "
           f"{task.metric_name} {summary[task.metric_name]:.4f} (target {task.target}, "
           f"{'reached' if summary['reached_target'] else 'NOT reached'}) | stopped: {summary['stopped']}")
-    print(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
-    print(json.dumps(summary))
+    say(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
+    say(json.dumps(summary))
+    if distributed:
+        torch.distributed.destroy_process_group()
     return 0

@@ -16,7 +16,10 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
           progress: bool = True, resume: bool = False, log=print) -> dict:
     from tqdm import tqdm
 
-    os.makedirs(out_dir, exist_ok=True)
+    lead = es.rank == 0  # with several ranks, rank 0 reports and writes files
+    progress = progress and lead
+    if lead:
+        os.makedirs(out_dir, exist_ok=True)
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     rows: list[dict] = []
     if resume:
@@ -37,7 +40,8 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
         if es.generation % eval_every == 0 or last:
             metric = task.evaluate(es.module)
         rows.append({"generation": es.generation, "seconds": round(seconds, 4), "fitness_mean": stats["mean"],
-                     "fitness_max": stats["max"], task.metric_name: metric})
+                     "fitness_max": stats["max"], task.metric_name: metric,
+                     "comm_bytes": 0 if es.shard is None else es.shard.bytes_last_generation})
         bar.update(1)
         bar.set_postfix({"fit": f"{stats['mean']:.3f}", task.metric_name: f"{metric:.3f}"})
         if getattr(task, "stop_at_target", False) and metric >= task.target:
@@ -48,17 +52,19 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
             break
     bar.close()
     es.save(ckpt_path, task_generator=task.generator.get_state(), metrics=rows)
-    torch.save(es.module.state_dict(), os.path.join(out_dir, "model.pt"))
-    write_csv(rows, os.path.join(out_dir, "metrics.csv"))
-    plot_curve(rows, task.metric_name, os.path.join(out_dir, "learning_curve.png"), task.name)
     final = rows[-1] if rows else {}
     summary = {"task": task.name, "generations": es.generation, "seconds": final.get("seconds"),
                task.metric_name: final.get(task.metric_name), "target": task.target,
                "reached_target": bool(rows) and final[task.metric_name] >= task.target, "stopped": stop_reason,
                "population": es.population_size, "sigma": es.sigma, "antithetic": es.antithetic,
-               "n_params": es.population.n_params, "device": str(es.device), "out_dir": out_dir}
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+               "n_params": es.population.n_params, "device": str(es.device), "world_size": es.world_size,
+               "comm_bytes_per_generation_per_rank": final.get("comm_bytes", 0), "out_dir": out_dir}
+    if lead:
+        torch.save(es.module.state_dict(), os.path.join(out_dir, "model.pt"))
+        write_csv(rows, os.path.join(out_dir, "metrics.csv"))
+        plot_curve(rows, task.metric_name, os.path.join(out_dir, "learning_curve.png"), task.name)
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     return summary
 
 

@@ -67,7 +67,8 @@ class CartPoleTask:
     """A policy on gymnasium's vectorized CartPole, one environment per individual.
 
     Fitness: the return of one episode (max 500), the individual fed its own
-    observations as per-individual inputs (P, 1, 4). Metric: the center's mean
+    observations as per-individual inputs (P, 1, 4); with several ranks each
+    rank steps the environments of its own individuals. Metric: the center's mean
     return over 10 test episodes. Training stops once the metric reaches 500.
     """
 
@@ -110,7 +111,7 @@ class CartPoleTask:
         def act(obs):  # (P, 4) -> (P, 1, 4) per-individual inputs
             return es.forward(obs[:, None, :])[:, 0, :].argmax(-1)
 
-        return self._episode_returns(es.population_size, act).float()
+        return self._episode_returns(es.local_population_size, act).float()
 
     @torch.no_grad()
     def evaluate(self, module: nn.Module) -> float:
