@@ -24,6 +24,10 @@ import torch
 import torch.distributed as dist
 
 
+# torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class PeerFailure(RuntimeError):
     """A collective failed: another rank died, timed out or diverged."""
 
@@ -67,7 +71,7 @@ class Shard:
         padded[: local.numel()] = local.to(device=self.comm_device, dtype=torch.float64)
         out = torch.empty(self.world * width, dtype=torch.float64, device=self.comm_device)
         self._collective("all_gather of fitness",
-                         lambda: dist.all_gather_into_tensor(out, padded, group=self.group))
+                         lambda: _all_gather_single(out, padded, group=self.group))
         self.bytes_last_generation = out.numel() * out.element_size()
         parts = [out[r * width:r * width + (self.bounds[r + 1] - self.bounds[r]) * self.members]
                  for r in range(self.world)]
