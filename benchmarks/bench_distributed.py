@@ -55,6 +55,7 @@ def worker(rank, world, port, device, P, hidden, gens, queue):
         rows.append((mode, statistics.median(times), es.shard.bytes_last_generation, es.population.n_params))
     if rank == 0:
         queue.put(rows)
+    dist.barrier()
     dist.destroy_process_group()
 
 

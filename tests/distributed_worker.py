@@ -65,6 +65,7 @@ def main():
                     "comm_bytes": 0 if es.shard is None else es.shard.bytes_last_generation,
                     "n_params": es.population.n_params}, args.out)
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 

@@ -108,5 +108,6 @@ def run(args: argparse.Namespace, error) -> int:
     say(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
     say(json.dumps(summary))
     if distributed:
+        es.shard.barrier()  # no rank tears the group down while a peer still talks to it
         torch.distributed.destroy_process_group()
     return 0
