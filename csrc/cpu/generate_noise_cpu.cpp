@@ -3,18 +3,9 @@
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/noise_kernels.h"
-#include "noise_spec.h"
 #include "validation.h"
 
 namespace virtual_noise::cpu {
-
-std::vector<uint64_t> seed_keys(const at::Tensor& seeds) {
-  const at::Tensor s = seeds.to(at::kLong).contiguous();
-  const int64_t* p = s.data_ptr<int64_t>();
-  std::vector<uint64_t> keys(s.numel());
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = seed_key(p[i]);
-  return keys;
-}
 
 at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset) {
   check_generate_noise(seeds, n_elements, offset);

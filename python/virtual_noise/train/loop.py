@@ -13,7 +13,7 @@ from ..es import ES
 
 
 def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10, time_limit: float | None = None,
-          progress: bool = True, resume: bool = False, log=print) -> dict:
+          progress: bool = True, resume: bool = False) -> dict:
     from tqdm import tqdm
 
     lead = es.rank == 0  # with several ranks, rank 0 reports and writes files
