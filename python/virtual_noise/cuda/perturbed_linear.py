@@ -48,6 +48,12 @@ def _perturbed_linear_kernel(
     offs_k = tl.arange(0, BK)
     mask_m, mask_n = offs_m < batch, offs_n < out_f
     row_c = key + counter_offset(w_offset + offs_n.to(tl.int64) * in_f)  # counter of (n, k=0)
+    # Counters of (n, k0 + j) = c[n] + lane_k[j], c = row_c + counter_offset(k0) carried
+    # across K steps: one 64-bit add per element (written as counter_offset(kk), the
+    # compiler multiplied each k by GAMMA per element, as the PTX showed).
+    lane_k = counter_offset(offs_k)
+    c = row_c
+    c_step = counter_offset(tl.full((1,), BK, tl.int64))
 
     x0_ptrs = x_ptr + (0 if SHARED_X else i0 * stride_xp) + offs_m[:, None] * stride_xb
     noise0 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -58,7 +64,7 @@ def _perturbed_linear_kernel(
         kk = k0 + offs_k
         mask_k = kk < in_f
         x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        nt = noise_from_counter(row_c[None, :] + counter_offset(kk)[:, None]).to(x0.dtype)  # (BK, BN): N_u^T
+        nt = noise_from_counter(c[None, :] + lane_k[:, None]).to(x0.dtype)  # (BK, BN): N_u^T
         noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
         if not SHARED_X:
             wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk,
@@ -69,6 +75,7 @@ def _perturbed_linear_kernel(
                              mask=mask_m[:, None] & mask_k[None, :], other=0.0)
                 noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
                 lin1 = tl.dot(x1, wt, lin1, input_precision=PRECISION)
+        c += c_step
 
     if HAS_BIAS:
         nb = noise_at(key, b_offset + offs_n.to(tl.int64))[None, :]
@@ -99,14 +106,18 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     benchmarks/tune_cuda.py on an H200 (a fixed config keeps results bit-stable).
 
     Batches up to 128 take one batch tile (each noise element hashed once);
-    larger ones take tiles of 256 rows.
+    larger ones take tiles of 256 rows. Per-individual x with batch <= 16 runs
+    2 warps, where Triton uses mma.sync with register operands (best on the
+    B=1 row); wider tiles use wgmma.
     """
     bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
     if batch > 128:
         return 256, bn, 32, 4, 3
     bm = max(16, triton.next_power_of_2(batch))
-    bk = min(64 if shared else 32, max(16, triton.next_power_of_2(in_f)))
-    return bm, bn, bk, 8 if bm >= 64 else 4, 2
+    bk = min(32, max(16, triton.next_power_of_2(in_f)))
+    if shared:
+        return bm, bn, bk, 4, 2
+    return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2
 
 
 def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
