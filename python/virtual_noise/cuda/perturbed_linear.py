@@ -47,12 +47,11 @@ def _perturbed_linear_kernel(
     offs_n = t * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     mask_m, mask_n = offs_m < batch, offs_n < out_f
-    row_c = key + counter_offset(w_offset + offs_n.to(tl.int64) * in_f)  # counter of (n, k=0)
-    # Counters of (n, k0 + j) = c[n] + lane_k[j], c = row_c + counter_offset(k0) carried
+    # Counters of (n, k0 + j) = c[n] + lane_k[j], with c the counter of (n, k0), carried
     # across K steps: one 64-bit add per element (written as counter_offset(kk), the
     # compiler multiplied each k by GAMMA per element, as the PTX showed).
+    c = key + counter_offset(w_offset + offs_n.to(tl.int64) * in_f)
     lane_k = counter_offset(offs_k)
-    c = row_c
     c_step = counter_offset(tl.full((1,), BK, tl.int64))
 
     x0_ptrs = x_ptr + (0 if SHARED_X else i0 * stride_xp) + offs_m[:, None] * stride_xb
