@@ -29,9 +29,10 @@ def test_noise_bits_match_cpu(offset):
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("batch", [1, 37, 300])
-def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_bias, batch):
-    g = torch.Generator().manual_seed(batch)
-    m, in_f, out_f = 3, 200, 150
+@pytest.mark.parametrize("in_f", [200, 256])  # 256: BK divides in_f (the EVEN_K path)
+def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_bias, batch, in_f):
+    g = torch.Generator().manual_seed(batch + in_f)
+    m, out_f = 3, 150
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)

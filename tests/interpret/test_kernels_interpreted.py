@@ -39,9 +39,10 @@ def test_forward_noise_tile_bits_identical():
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_perturbed_linear(dtype, shared, antithetic, with_bias):
-    g = torch.Generator().manual_seed(hash((dtype, shared, antithetic, with_bias)) % 2**31)
-    m, batch, in_f, out_f = 3, 5, 70, 150  # several K steps, out spans two tiles
+@pytest.mark.parametrize("in_f", [70, 64])  # 64: BK divides in_f, the kernel's EVEN_K path
+def test_perturbed_linear(dtype, shared, antithetic, with_bias, in_f):
+    g = torch.Generator().manual_seed(hash((dtype, shared, antithetic, with_bias, in_f)) % 2**31)
+    m, batch, out_f = 3, 5, 150  # several K steps, out spans two tiles
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
