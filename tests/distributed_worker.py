@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from virtual_noise.es import ES, center_vector
+from virtual_noise.es.distributed import leave_and_exit
 
 
 def checksum(c: torch.Tensor) -> torch.Tensor:
@@ -65,8 +66,7 @@ def main():
                     "comm_bytes": 0 if es.shard is None else es.shard.bytes_last_generation,
                     "n_params": es.population.n_params}, args.out)
     if world > 1:
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
+        leave_and_exit(0)
 
 
 if __name__ == "__main__":

@@ -102,3 +102,24 @@ def init_from_env(device: torch.device, timeout_s: float) -> bool:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return True
+
+
+def leave_and_exit(status: int = 0):
+    """End a finished distributed run: barrier, destroy the process group, flush, exit.
+
+    Why os._exit and not a normal return: with torch 2.13's gloo backend the
+    interpreter's own shutdown after destroy_process_group() sometimes aborts
+    ("terminate called without an active exception", SIGABRT). We measured 1 in 15 to
+    1 in 30 two-rank runs on a 2-core machine, on rank 0 and on other ranks, always after
+    destroy_process_group had returned. A finished run then reports failure to torchrun.
+    By this point every result is written and flushed, so the process skips the
+    teardown that races.
+    """
+    import os
+    import sys
+
+    dist.barrier()  # no rank tears the group down while a peer still talks to it
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

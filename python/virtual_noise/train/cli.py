@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, error) -> int:
 
     import os
 
-    from ..es.distributed import init_from_env
+    from ..es.distributed import init_from_env, leave_and_exit
 
     cfg = resolve(args, error)
     distributed = init_from_env(cfg["device"], args.dist_timeout)
@@ -108,6 +108,5 @@ def run(args: argparse.Namespace, error) -> int:
     say(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
     say(json.dumps(summary))
     if distributed:
-        es.shard.barrier()  # no rank tears the group down while a peer still talks to it
-        torch.distributed.destroy_process_group()
+        leave_and_exit(0)  # does not return (see its docstring: gloo's exit-time abort)
     return 0
