@@ -29,6 +29,7 @@ import virtual_noise as vn  # noqa: E402
 from virtual_noise.cuda.noise_spec import counter_offset, noise_from_counter, seed_key  # noqa: E402
 
 MiB = 2**20
+ROOF_PROGRAMS = 132 * 16  # 16 programs per H200 SM for the generation roof kernels
 
 
 def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):
@@ -104,7 +105,7 @@ def _roof_philox(out_ptr, n_per_prog, BLOCK: tl.constexpr):
 
 
 def roofs():
-    progs, per = 132 * 16, 2**20
+    progs, per = ROOF_PROGRAMS, 2**20
     out = torch.empty(progs, device="cuda")
     res = {}
     for name, kern in [("splitmix64 hash+reduce", _roof_splitmix), ("tl.rand (Philox)", _roof_philox)]:

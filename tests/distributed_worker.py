@@ -66,7 +66,7 @@ def main():
                     "comm_bytes": 0 if es.shard is None else es.shard.bytes_last_generation,
                     "n_params": es.population.n_params}, args.out)
     if world > 1:
-        leave_and_exit(0)
+        leave_and_exit(es.shard, 0)
 
 
 if __name__ == "__main__":

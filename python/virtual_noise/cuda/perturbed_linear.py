@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .device_info import fp32_dot_precision
-from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
+from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 
 @triton.jit

@@ -104,8 +104,8 @@ def init_from_env(device: torch.device, timeout_s: float) -> bool:
     return True
 
 
-def leave_and_exit(status: int = 0):
-    """End a finished distributed run: barrier, destroy the process group, flush, exit.
+def leave_and_exit(shard: Shard, status: int = 0):
+    """End a finished distributed run: the shard's barrier, destroy the process group, flush, exit.
 
     Why os._exit and not a normal return: with torch 2.13's gloo backend the
     interpreter's own shutdown after destroy_process_group() sometimes aborts
@@ -118,7 +118,7 @@ def leave_and_exit(status: int = 0):
     import os
     import sys
 
-    dist.barrier()  # no rank tears the group down while a peer still talks to it
+    shard.barrier()  # no rank tears the group down while a peer still talks to it
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

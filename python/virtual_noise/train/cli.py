@@ -108,5 +108,5 @@ def run(args: argparse.Namespace, error) -> int:
     say(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
     say(json.dumps(summary))
     if distributed:
-        leave_and_exit(0)  # does not return (see its docstring: gloo's exit-time abort)
+        leave_and_exit(es.shard, 0)  # does not return (see its docstring: gloo's exit-time abort)
     return 0
