@@ -18,6 +18,12 @@ for shared in (True, False):
             w, b = torch.randn(19, 37, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
             vn.virtual_perturbed_linear(x.to(dtype), w, b, s, 0.1, 3, antithetic=anti)
             vn.virtual_perturbed_linear(x.to(dtype), w, None, s, 0.1, 3, antithetic=anti)
+torch.set_float32_matmul_precision("high")  # fp32 batches over 128 take the Gluon kernel at tf32
+for dtype in (torch.float32, torch.bfloat16):
+    x = torch.randn(300, 40, device="cuda", dtype=dtype)  # batch > 128 (two batch tiles), partial K tile
+    w, b = torch.randn(19, 40, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
+    vn.virtual_perturbed_linear(x, w, b, s, 0.1, 3, antithetic=True)
+    vn.virtual_perturbed_linear(x, w, None, s, 0.1, 3)
 f = torch.randn(6, device="cuda")
 vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
 vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)

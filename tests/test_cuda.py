@@ -65,6 +65,61 @@ def test_tf32_precision_follows_torch_setting():
     assert errs["highest"] < 1e-3 and 4 * errs["highest"] < errs["high"], errs
 
 
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon large-batch kernel runs on sm_90 only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("batch,in_f,out_f", [(129, 40, 70), (300, 256, 150), (1000, 200, 64)])
+def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, monkeypatch):
+    """Shared x, batch > 128: the Gluon kernel (perturbed_linear_large_batch.py) against
+    float64 and bit for bit against the tl.dot kernel, plus graph capture and compile."""
+    from virtual_noise.cuda import perturbed_linear_large_batch as large
+
+    g = torch.Generator().manual_seed(batch + in_f)
+    m = 3
+    s = seeds_for(m, g)
+    x = torch.randn(batch, in_f, generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype) if batch != 300 else None
+    args = (s, 0.3, 2**31 + 5)
+    xc, wc, bc, sc = x.cuda(), w.cuda(), b.cuda() if b is not None else None, s.cuda()
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # fp32 takes the kernel at tf32 only
+    try:
+        assert large.applies(xc, "tf32" if dtype == torch.float32 else "ieee")
+        y = vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)
+        tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
+        ref = perturbed_linear_ref(x, w, b, *args, antithetic)
+        torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
+        with monkeypatch.context() as mp:
+            mp.setattr(large, "applies", lambda *a: False)
+            y_tl = vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)
+        # Same noise, same operand rounding and K order: the two kernels agree bit for bit.
+        assert torch.equal(y, y_tl)
+        # A row stride TMA cannot take (not 16-byte aligned) falls back to the tl.dot kernel.
+        pad = torch.zeros(batch, in_f + 1, dtype=dtype, device="cuda")
+        pad[:, :in_f] = xc
+        assert not large.applies(pad[:, :in_f], "tf32")
+        assert torch.equal(vn.virtual_perturbed_linear(pad[:, :in_f], wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic), y_tl)
+        if batch == 129 and dtype == torch.float32:
+            fn = lambda: vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)  # noqa: E731
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                fn()
+                with torch.cuda.graph(graph):
+                    out = fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, y)
+            assert torch.equal(torch.compile(fn, fullgraph=True)(), y)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("shape,m", [((256, 784), 64), ((3, 5), 3000), ((1024, 1024), 8)])
 def test_gradients_vs_reference_and_cpu(antithetic, shape, m):

@@ -19,6 +19,16 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, e.g. (9, 0) for Hopper (wgmma, TMA)."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def fp32_dot_precision(device: torch.device) -> str:
     """tl.dot input precision for float32 inputs, following torch's matmul precision.
 

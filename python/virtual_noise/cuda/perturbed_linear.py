@@ -8,6 +8,7 @@ hashed once.
 
 Shared x: the shared part x @ W^T + b is one cuBLAS GEMM in float32; the
 kernel adds sigma * (x @ N_i^T + nb_i), once per pair with antithetic (+/-).
+Batches over 128 go to perturbed_linear_large_batch.py on Hopper GPUs.
 Per-individual x: the kernel computes x_i @ W^T from W tiles and
 x_i @ N_i^T from noise tiles in the same K loop.
 
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import perturbed_linear_large_batch as _large_batch
 from .device_info import fp32_dot_precision
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
@@ -108,10 +110,12 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     benchmarks/tune_cuda.py on an H200 (a fixed config keeps results bit-stable).
 
     Batches up to 128 take one batch tile (each noise element hashed once);
-    larger ones take tiles of 256 rows. Per-individual x with batch <= 16 runs
-    2 warps, where Triton uses mma.sync with register operands (best on the
-    B=1 row); wider tiles use wgmma. The launcher also passes EVEN_K when BK
-    divides in_f, which drops the K masks of the x and W tiles.
+    larger ones take tiles of 256 rows (when perturbed_linear_large_batch does
+    not apply: per-individual x, "highest" fp32 precision, not Hopper).
+    Per-individual x with batch <= 16 runs 2 warps, where Triton uses mma.sync
+    with register operands (best on the B=1 row); wider tiles use wgmma. The
+    launcher also passes EVEN_K when BK divides in_f, which drops the K masks
+    of the x and W tiles.
     """
     bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
     if batch > 128:
@@ -138,10 +142,13 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
         base = base.contiguous()
     else:
         base = out  # unused
+    precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
+    if shared and _large_batch.applies(x, precision):
+        _large_batch.launch(x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic)
+        return out
     x3 = x if not shared else x[None]
     bm, bn, bk, warps, stages = tiles(batch, out_f, in_f, shared)
     grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
-    precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
     _perturbed_linear_kernel[grid](
         x3, weight, bias if bias is not None else weight, base, out, seeds,
         batch, in_f, out_f,

@@ -1,0 +1,140 @@
+"""perturbed_linear on Hopper for large shared-x batches: the noise as wgmma's register operand.
+
+For batches over 128 the tl.dot kernel (perturbed_linear.py) needs a 256-row
+accumulator next to the noise tile, so the noise round-trips through shared
+memory and its hashing waits for each dot. This Gluon kernel computes the
+transposed tile instead, out^T (BO outputs x BB batch rows) = N_u (BO x K) @ x^T:
+the noise tile is hashed straight into the register layout of wgmma's A
+operand, x tiles stream in through a TMA ring, and the hash of K step k+1 runs
+while the asynchronous wgmma of step k is in flight. Measured on an H200
+(benchmarks/RESULTS.md): +30% at P=64 B=256 4096->4096, +30% at B=1024.
+
+Same noise, same float32 accumulation order over K and same tf32 / 16-bit
+operand rounding as the tl.dot kernel (the GPU tests check the outputs are
+bit-identical). Gluon is not run by TRITON_INTERPRET, so this path is taken on
+sm_90 GPUs only; elsewhere (and for "highest" fp32 precision, tf32x3, which
+wgmma has no single-instruction form of) the tl.dot kernel runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+try:  # Gluon ships with triton >= 3.5; without it the tl.dot kernel serves every case.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed triton
+    gluon = None
+
+from .device_info import compute_capability
+from .noise_spec import counter_offset, noise_from_counter, seed_key
+
+BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
+
+if gluon is not None:
+
+    @gluon.jit
+    def _large_batch_kernel(
+        x_desc, base_ptr, out_ptr, seeds_ptr,
+        batch, in_f, out_f, stride_op, stride_ob,
+        sigma, w_offset, b_offset, n_tiles,
+        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+        STAGES: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        BB: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        DT: gl.constexpr = x_desc.dtype
+        mma: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BB, 256 // DT.primitive_bitwidth])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=32 // DT.primitive_bitwidth)
+
+        u = gl.program_id(0) // n_tiles
+        t = gl.program_id(0) % n_tiles
+        m0 = gl.program_id(1) * BB
+        key = seed_key(gl.load(seeds_ptr + u))
+        i0 = (u * 2 if ANTITHETIC else u).to(gl.int64)
+
+        # x tiles (BB batch rows x BK inputs) through a TMA ring; rows and inputs
+        # past the end arrive as zeros, so the noise there needs no mask.
+        x_s = gl.allocate_shared_memory(DT, [STAGES, BB, BK], x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(bars.index(j), count=1)
+        n_steps = gl.cdiv(in_f, BK)
+        for j in gl.static_range(STAGES - 1):
+            mbarrier.expect(bars.index(j), x_desc.block_type.nbytes, pred=j < n_steps)
+            tma.async_copy_global_to_shared(x_desc, [m0, j * BK], bars.index(j), x_s.index(j), pred=j < n_steps)
+
+        # Counters as in perturbed_linear.py: row counters carried across K steps
+        # plus constant lane offsets, one 64-bit add per noise element.
+        offs_o = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, a_layout))
+        offs_k = gl.arange(0, BK, layout=gl.SliceLayout(0, a_layout))
+        c = key + counter_offset(w_offset + offs_o.to(gl.int64) * in_f)
+        lane_k = counter_offset(offs_k)
+        c_step = counter_offset(gl.full([1], BK, gl.int64, layout=gl.SliceLayout(1, a_layout)))
+
+        acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
+        nt = noise_from_counter(c[:, None] + lane_k[None, :]).to(DT)
+        for step in range(n_steps):
+            s = step % STAGES
+            mbarrier.wait(bars.index(s), (step // STAGES) & 1)
+            acc = warpgroup_mma(nt, x_s.index(s).permute((1, 0)), acc, is_async=True)
+            c += c_step
+            nt_next = noise_from_counter(c[:, None] + lane_k[None, :]).to(DT)  # overlaps the wgmma
+            acc, nt = warpgroup_mma_wait(num_outstanding=0, deps=(acc, nt))
+            nxt = step + STAGES - 1  # its slot was read by step - 1's wgmma, complete by now
+            sn = nxt % STAGES
+            mbarrier.expect(bars.index(sn), x_desc.block_type.nbytes, pred=nxt < n_steps)
+            tma.async_copy_global_to_shared(x_desc, [m0, nxt * BK], bars.index(sn), x_s.index(sn), pred=nxt < n_steps)
+            nt = nt_next
+        for j in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(j))
+
+        oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
+        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, mma))
+        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
+        if HAS_BIAS:
+            acc = acc + noise_from_counter(key + counter_offset(b_offset + oo.to(gl.int64)))[:, None]
+        base = gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
+        out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
+        gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
+        if ANTITHETIC:
+            gl.store(out_ptrs + (i0 + 1) * stride_op, (base - sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def applies(x: torch.Tensor, precision: str) -> bool:
+    """Whether this kernel serves a shared-x call (the launcher falls back otherwise).
+
+    Needs Gluon, a Hopper GPU (wgmma), a single-instruction dot precision
+    (tf32 or 16-bit inputs), a batch over 128 and a TMA-compatible x (16-byte
+    aligned base and row stride, unit inner stride).
+    """
+    if gluon is None or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if compute_capability(x.device)[0] != 9 or x.shape[0] <= 128:
+        return False
+    if x.dtype == torch.float32 and precision != "tf32":
+        return False
+    es = x.element_size()
+    return x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0
+
+
+def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
+    """out[i] = base + sigma * (x @ N_i^T + nb_i) (and base - ... for the pair's mirror)."""
+    batch, in_f = x.shape
+    out_f = out.shape[-1]
+    bk = 128 // x.element_size()  # 128-byte rows: the widest TMA / wgmma swizzle
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * x.element_size(), rank=2)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [BB, bk], layout)
+    n_tiles = triton.cdiv(out_f, BO)
+    grid = (seeds.numel() * n_tiles, triton.cdiv(batch, BB))
+    _large_batch_kernel[grid](
+        x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
+        float(sigma), w_offset, b_offset, n_tiles,
+        HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS,
+    )
