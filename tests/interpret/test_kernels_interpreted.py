@@ -67,6 +67,25 @@ def test_perturbed_linear_strided_and_tiny():
     assert lin.perturbed_linear(torch.randn(0, 9), w, None, s, 0.5, 1, False).shape == (4, 0, 6)
 
 
+def test_large_batch_kernel_failure_falls_back(monkeypatch):
+    """If this triton's Gluon cannot build the Hopper large-batch kernel, the call warns
+    once and the tl.dot kernel computes the output (no crash, no unwritten output)."""
+    from virtual_noise.cuda import perturbed_linear_large_batch as large
+
+    def gluon_rejects(*args):
+        raise TypeError("Gluon API changed")
+
+    monkeypatch.setattr(large, "_failed", False)
+    monkeypatch.setattr(large, "applies", lambda x, precision: not large._failed)
+    monkeypatch.setattr(large, "_launch", gluon_rejects)
+    g = torch.Generator().manual_seed(2)
+    s, x, w = seeds_for(3, g), torch.randn(5, 9, generator=g), torch.randn(6, 9, generator=g)
+    with pytest.warns(RuntimeWarning, match="Gluon large-batch kernel does not build"):
+        y = lin.perturbed_linear(x, w, None, s, 0.5, 1, False)
+    assert large._failed
+    torch.testing.assert_close(y.double(), perturbed_linear_ref(x, w, None, s, 0.5, 1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("shape,m", [((7, 300), 3), ((1, 20), 200)])  # second: population splits
 def test_weight_gradient(antithetic, shape, m):

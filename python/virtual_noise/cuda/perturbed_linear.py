@@ -143,8 +143,8 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     else:
         base = out  # unused
     precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
-    if shared and _large_batch.applies(x, precision):
-        _large_batch.launch(x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic)
+    if shared and _large_batch.applies(x, precision) and _large_batch.launch(
+            x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic):
         return out
     x3 = x if not shared else x[None]
     bm, bn, bk, warps, stages = tiles(batch, out_f, in_f, shared)

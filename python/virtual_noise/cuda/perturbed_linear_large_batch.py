@@ -19,6 +19,7 @@ wgmma has no single-instruction form of) the tl.dot kernel runs.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
@@ -35,6 +36,7 @@ from .device_info import compute_capability
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
+_failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
 
 if gluon is not None:
 
@@ -114,7 +116,7 @@ def applies(x: torch.Tensor, precision: str) -> bool:
     (tf32 or 16-bit inputs), a batch over 128 and a TMA-compatible x (16-byte
     aligned base and row stride, unit inner stride).
     """
-    if gluon is None or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if gluon is None or _failed or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if compute_capability(x.device)[0] != 9 or x.shape[0] <= 128:
         return False
@@ -124,8 +126,25 @@ def applies(x: torch.Tensor, precision: str) -> bool:
     return x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0
 
 
-def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
-    """out[i] = base + sigma * (x @ N_i^T + nb_i) (and base - ... for the pair's mirror)."""
+def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic) -> bool:
+    """out[i] = base + sigma * (x @ N_i^T + nb_i) (and base - ... for the pair's mirror).
+
+    Returns False, with a one-time warning, if this triton's Gluon cannot build
+    the kernel (Gluon is experimental and its API moves between releases; the
+    kernel is tested with triton 3.6); the caller then runs the tl.dot kernel.
+    """
+    global _failed
+    try:
+        _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic)
+    except (triton.CompilationError, TypeError, AttributeError, ValueError) as e:
+        _failed = True
+        warnings.warn(f"virtual_noise: the Gluon large-batch kernel does not build with triton "
+                      f"{triton.__version__} ({type(e).__name__}: {e}); using the tl.dot kernel", RuntimeWarning)
+        return False
+    return True
+
+
+def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
     batch, in_f = x.shape
     out_f = out.shape[-1]
     bk = 128 // x.element_size()  # 128-byte rows: the widest TMA / wgmma swizzle
