@@ -8,25 +8,25 @@ import torch
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _device_properties(device: torch.device):
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors (read from the device); 4 off-GPU (the interpreter)."""
     if device.type != "cuda":
         return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    return _device_properties(device).multi_processor_count
 
 
 def compute_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) of a CUDA device, e.g. (9, 0) for Hopper (wgmma, TMA)."""
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    props = _device_properties(device)
+    return props.major, props.minor
 
 
 def fp32_dot_precision(device: torch.device) -> str:

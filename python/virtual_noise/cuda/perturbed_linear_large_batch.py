@@ -6,8 +6,9 @@ memory and its hashing waits for each dot. This Gluon kernel computes the
 transposed tile instead, out^T (BO outputs x BB batch rows) = N_u (BO x K) @ x^T:
 the noise tile is hashed straight into the register layout of wgmma's A
 operand, x tiles stream in through a TMA ring, and the hash of K step k+1 runs
-while the asynchronous wgmma of step k is in flight. Measured on an H200
-(benchmarks/RESULTS.md): +30% at P=64 B=256 4096->4096, +30% at B=1024.
+while the asynchronous wgmma of step k is in flight. Measured on an H200 side
+by side with the tl.dot kernel (benchmarks/RESULTS.md): +32% at P=64 B=256
+4096->4096, +32% at P=256 B=1024 512->512.
 
 Same noise, same float32 accumulation order over K and same tf32 / 16-bit
 operand rounding as the tl.dot kernel (the GPU tests check the outputs are
