@@ -55,8 +55,11 @@ def worker(rank, world, port, device, P, hidden, gens, queue):
         rows.append((mode, statistics.median(times), es.shard.bytes_last_generation, es.population.n_params))
     if rank == 0:
         queue.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
+        queue.close()
+        queue.join_thread()  # the rows reach the parent before this process skips its teardown
+    from virtual_noise.es.distributed import leave_and_exit
+
+    leave_and_exit(es.shard)  # barrier, destroy, exit: gloo's interpreter shutdown can abort (RESULTS.md)
 
 
 def main():
@@ -81,6 +84,9 @@ def main():
     rows = queue.get(timeout=600)
     for p in procs:
         p.join()
+    failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    if failed:
+        sys.exit(f"bench_distributed: ranks exited with errors (rank, exit code): {failed}")
     n = rows[0][3]
     print(f"world {args.world} ({args.device}, {'nccl' if args.device == 'cuda' else 'gloo'}) | population "
           f"{args.population} | {n:,} parameters | median of {args.generations} generations")
