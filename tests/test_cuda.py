@@ -84,28 +84,33 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, monkeypatch):
     x = torch.randn(batch, in_f, generator=g).to(dtype)
     w = torch.randn(out_f, in_f, generator=g).to(dtype)
     b = torch.randn(out_f, generator=g).to(dtype) if batch != 300 else None
-    args = (s, 0.3, 2**31 + 5)
-    xc, wc, bc, sc = x.cuda(), w.cuda(), b.cuda() if b is not None else None, s.cuda()
+    sigma, offset = 0.3, 2**31 + 5
+    wc, bc, sc = w.cuda(), b.cuda() if b is not None else None, s.cuda()
+    xc = x.cuda()
+
+    def call(xs):
+        return vn.virtual_perturbed_linear(xs, wc, bc, sc, sigma, offset, antithetic=antithetic)
+
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # fp32 takes the kernel at tf32 only
     try:
         assert large.applies(xc, "tf32" if dtype == torch.float32 else "ieee")
-        y = vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)
+        y = call(xc)
         tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
-        ref = perturbed_linear_ref(x, w, b, *args, antithetic)
+        ref = perturbed_linear_ref(x, w, b, s, sigma, offset, antithetic)
         torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
         with monkeypatch.context() as mp:
             mp.setattr(large, "applies", lambda *a: False)
-            y_tl = vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)
+            y_tl = call(xc)
         # Same noise, same operand rounding and K order: the two kernels agree bit for bit.
         assert torch.equal(y, y_tl)
         # A row stride TMA cannot take (not 16-byte aligned) falls back to the tl.dot kernel.
         pad = torch.zeros(batch, in_f + 1, dtype=dtype, device="cuda")
         pad[:, :in_f] = xc
         assert not large.applies(pad[:, :in_f], "tf32")
-        assert torch.equal(vn.virtual_perturbed_linear(pad[:, :in_f], wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic), y_tl)
+        assert torch.equal(call(pad[:, :in_f]), y_tl)
         if batch == 129 and dtype == torch.float32:
-            fn = lambda: vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)  # noqa: E731
+            fn = lambda: call(xc)  # noqa: E731
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
