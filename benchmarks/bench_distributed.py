@@ -33,6 +33,7 @@ def worker(rank, world, port, device, P, hidden, gens, queue):
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(seconds=120))
     from virtual_noise.es import ES
+    from virtual_noise.es.distributed import leave_and_exit
 
     dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
     x = torch.randn(32, hidden, device=dev)
@@ -57,8 +58,6 @@ def worker(rank, world, port, device, P, hidden, gens, queue):
         queue.put(rows)
         queue.close()
         queue.join_thread()  # the rows reach the parent before this process skips its teardown
-    from virtual_noise.es.distributed import leave_and_exit
-
     leave_and_exit(es.shard)  # barrier, destroy, exit: gloo's interpreter shutdown can abort (RESULTS.md)
 
 

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .noise_spec import counter_offset, noise_from_counter, seed_key
+from .noise_spec import noise_at, seed_key
 
 
 @triton.jit
@@ -12,7 +12,7 @@ def _generate_noise_kernel(seeds_ptr, out_ptr, n_seeds, n, offset, BLOCK_S: tl.c
     ss = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     ee = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     key = seed_key(tl.load(seeds_ptr + ss, mask=ss < n_seeds, other=0))
-    noise = noise_from_counter(key[:, None] + counter_offset(offset + ee)[None, :])
+    noise = noise_at(key[:, None], (offset + ee)[None, :])
     mask = (ss[:, None] < n_seeds) & (ee[None, :] < n)
     tl.store(out_ptr + ss.to(tl.int64)[:, None] * n + ee[None, :], noise, mask=mask)
 

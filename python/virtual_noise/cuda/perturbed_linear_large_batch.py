@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     gluon = None
 
 from .device_info import compute_capability
-from .noise_spec import counter_offset, noise_from_counter, seed_key
+from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
@@ -102,7 +102,7 @@ if gluon is not None:
         ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, mma))
         mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
         if HAS_BIAS:
-            acc = acc + noise_from_counter(key + counter_offset(b_offset + oo.to(gl.int64)))[:, None]
+            acc = acc + noise_at(key, b_offset + oo.to(gl.int64))[:, None]
         base = gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
         out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
         gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)

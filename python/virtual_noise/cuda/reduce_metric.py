@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .device_info import sm_count
-from .noise_spec import counter_offset, noise_from_counter, seed_key
+from .noise_spec import noise_at, seed_key
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def _reduce_metric_kernel(center_ptr, seeds_ptr, partial_ptr, n, units, chunk, n
         ee = s + tl.arange(0, BLOCK_E).to(tl.int64)
         mask_e = ee < end
         c = tl.load(center_ptr + ee, mask=mask_e, other=0.0).to(tl.float32)[None, :]
-        d = sigma * noise_from_counter(key[:, None] + counter_offset(offset + ee)[None, :])
+        d = sigma * noise_at(key[:, None], (offset + ee)[None, :])
         acc_p += tl.where(mask_e[None, :], tl.abs(c + d), 0.0)
         if ANTITHETIC:
             acc_m += tl.where(mask_e[None, :], tl.abs(c - d), 0.0)
