@@ -18,6 +18,9 @@ for shared in (True, False):
             w, b = torch.randn(19, 37, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
             vn.virtual_perturbed_linear(x.to(dtype), w, b, s, 0.1, 3, antithetic=anti)
             vn.virtual_perturbed_linear(x.to(dtype), w, None, s, 0.1, 3, antithetic=anti)
+for shared in (True, False):  # 48 inputs: a full 16-wide K tail step after one 32-wide step
+    x = torch.randn((5, 48) if shared else (3, 5, 48), device="cuda")
+    vn.virtual_perturbed_linear(x, torch.randn(70, 48, device="cuda"), torch.randn(70, device="cuda"), s, 0.1, 3)
 torch.set_float32_matmul_precision("high")  # fp32 batches over 128 take the Gluon kernel at tf32
 for dtype in (torch.float32, torch.bfloat16):
     x = torch.randn(300, 40, device="cuda", dtype=dtype)  # batch > 128 (two batch tiles), partial K tile

@@ -64,10 +64,10 @@ def tune_forward(asm_dir):
         if B <= 128:
             bm = max(16, 1 << (B - 1).bit_length())
             # warps a multiple of 4 and BM a multiple of 64: wgmma; otherwise mma.sync.
-            configs = [(bm, bn, bk, warps, 2) for bn in (16, 32, 64, 128) for bk in (16, 32, 64) for warps in (2, 4, 8)
-                       if bn * bk <= 64 * 64]
+            configs = [(bm, bn, bk, warps, st, reg) for bn in (16, 32, 64, 128) for bk in (16, 32, 64) for warps in (2, 4, 8)
+                       for st in (2, 3) for reg in (None, 96) if bn * bk <= 64 * 64]
         else:
-            configs = [(bm, bn, bk, warps, st) for bm in (256, 512) for bn in (16, 32, 64, 128) for bk in (32, 64)
+            configs = [(bm, bn, bk, warps, st, None) for bm in (256, 512) for bn in (16, 32, 64, 128) for bk in (32, 64)
                        for warps in (4, 8) for st in (2, 3) if bm * bn <= 512 * 64 and not (bm == 512 and warps == 4)]
         seeds = torch.arange(P, device="cuda")
         print(f"forward P={P} B={B} {i}->{o} per={per} (default {original(B, o, i, not per)})")

@@ -29,7 +29,7 @@ def test_noise_bits_match_cpu(offset):
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("batch", [1, 37, 300])
-@pytest.mark.parametrize("in_f", [200, 256])  # 256: BK divides in_f (the EVEN_K path)
+@pytest.mark.parametrize("in_f", [200, 256, 208])  # K tail: 200 masked, 256 none, 208 full (16 of BK 32)
 def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_bias, batch, in_f):
     g = torch.Generator().manual_seed(batch + in_f)
     m, out_f = 3, 150

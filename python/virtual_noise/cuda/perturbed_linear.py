@@ -29,6 +29,24 @@ from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 
 @triton.jit
+def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, stride_xk, stride_wn, stride_wk,
+            noise0, noise1, lin0, lin1,
+            SHARED_X: tl.constexpr, ANTITHETIC: tl.constexpr, PRECISION: tl.constexpr):
+    """One K step: the (len(kk) x BN) noise tile from counters c[n] + lane_k[k], dotted with x."""
+    x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
+    nt = noise_from_counter(c[None, :] + lane_k[:, None]).to(x0.dtype)  # (BK, BN): N_u^T
+    noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
+    if not SHARED_X:
+        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
+        lin0 = tl.dot(x0, wt, lin0, input_precision=PRECISION)
+        if ANTITHETIC:
+            x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
+            noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
+            lin1 = tl.dot(x1, wt, lin1, input_precision=PRECISION)
+    return noise0, noise1, lin0, lin1
+
+
+@triton.jit
 def _perturbed_linear_kernel(
     x_ptr, w_ptr, b_ptr, base_ptr, out_ptr, seeds_ptr,
     batch, in_f, out_f,
@@ -38,7 +56,7 @@ def _perturbed_linear_kernel(
     sigma, w_offset, b_offset,
     SHARED_X: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr,
 ):
     n_tiles = tl.cdiv(out_f, BN)
     u = tl.program_id(0) // n_tiles
@@ -48,13 +66,11 @@ def _perturbed_linear_kernel(
 
     offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
     offs_n = t * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
     mask_m, mask_n = offs_m < batch, offs_n < out_f
     # Counters of (n, k0 + j) = c[n] + lane_k[j], with c the counter of (n, k0), carried
     # across K steps: one 64-bit add per element (written as counter_offset(kk), the
     # compiler multiplied each k by GAMMA per element, as the PTX showed).
     c = key + counter_offset(w_offset + offs_n.to(tl.int64) * in_f)
-    lane_k = counter_offset(offs_k)
     c_step = counter_offset(tl.full((1,), BK, tl.int64))
 
     x0_ptrs = x_ptr + (0 if SHARED_X else i0 * stride_xp) + offs_m[:, None] * stride_xb
@@ -62,27 +78,38 @@ def _perturbed_linear_kernel(
     noise1 = tl.zeros((BM, BN), dtype=tl.float32)  # second member, per-individual antithetic
     lin0 = tl.zeros((BM, BN), dtype=tl.float32)
     lin1 = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, in_f, BK):
-        kk = k0 + offs_k
-        mask_k = (kk < in_f) | EVEN_K  # EVEN_K: in_f % BK == 0, no K mask to compute
-        x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        nt = noise_from_counter(c[None, :] + lane_k[:, None]).to(x0.dtype)  # (BK, BN): N_u^T
-        noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
-        if not SHARED_X:
-            wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk,
-                         mask=mask_n[None, :] & mask_k[:, None], other=0.0)
-            lin0 = tl.dot(x0, wt, lin0, input_precision=PRECISION)
-            if ANTITHETIC:
-                x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk,
-                             mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-                noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
-                lin1 = tl.dot(x1, wt, lin1, input_precision=PRECISION)
+    # Full K steps without K masks, then one narrower step (K_TAIL = next_pow2(in_f % BK))
+    # for the remainder: at 784 inputs that hashes 784 columns instead of 800. The zero
+    # columns a masked step would add are exact zeros, so the outputs are the same bits.
+    k_main = in_f if K_TAIL == 0 else in_f // BK * BK  # in_f itself: a tighter per-individual loop
+    lane_k = counter_offset(tl.arange(0, BK))
+    for k0 in range(0, k_main, BK):
+        noise0, noise1, lin0, lin1 = _k_step(
+            x0_ptrs, w_ptr, offs_n, k0 + tl.arange(0, BK), c, lane_k, mask_m[:, None], mask_n[None, :],
+            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, ANTITHETIC, PRECISION)
         c += c_step
+    if K_TAIL > 0:
+        kt = k_main + tl.arange(0, K_TAIL)
+        mask_t = (kt < in_f) | TAIL_FULL  # TAIL_FULL: in_f % BK == K_TAIL, no mask to compute
+        noise0, noise1, lin0, lin1 = _k_step(
+            x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL)),
+            mask_m[:, None] & mask_t[None, :], mask_n[None, :] & mask_t[:, None],
+            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, ANTITHETIC, PRECISION)
 
     if HAS_BIAS:
-        # Same hoisting as c: a per-program counter plus constant lane offsets.
-        nb_c = key + counter_offset(tl.full((1,), b_offset, tl.int64) + t * BN)
-        nb = noise_from_counter(nb_c + counter_offset(tl.arange(0, BN)))[None, :]
+        if SHARED_X:
+            # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
+            # (= key + counter_offset(w_offset + n * in_f + k_main)); offsets add mod 2^64,
+            # negative ones too. Starting from c keeps these hashes in the noise tile's layout
+            # (about one per thread); from key and n the compiler rematerialized them in the
+            # accumulator layout, 16 per thread (sm_90 SASS: 1392 -> 1064 instructions per
+            # thread at 1024 inputs). Per-individual x keeps the direct form: there the
+            # derived one lengthened the K loop.
+            d = (tl.full((1,), b_offset, tl.int64) - w_offset - k_main) + offs_n.to(tl.int64) * (1 - in_f)
+            nb = noise_from_counter(c + counter_offset(d))[None, :]
+        else:
+            nb_c = key + counter_offset(tl.full((1,), b_offset, tl.int64) + t * BN)
+            nb = noise_from_counter(nb_c + counter_offset(tl.arange(0, BN)))[None, :]
     else:
         nb = tl.zeros((1, BN), dtype=tl.float32)
     mask = mask_m[:, None] & mask_n[None, :]
@@ -106,25 +133,27 @@ def _perturbed_linear_kernel(
 
 
 def tiles(batch: int, out_f: int, in_f: int, shared: bool):
-    """(BM, BN, BK, num_warps, num_stages): a static choice, from the sweep of
+    """(BM, BN, BK, num_warps, num_stages, maxnreg): a static choice, from the sweeps of
     benchmarks/tune_cuda.py on an H200 (a fixed config keeps results bit-stable).
 
     Batches up to 128 take one batch tile (each noise element hashed once);
     larger ones take tiles of 256 rows (when perturbed_linear_large_batch does
     not apply: per-individual x, "highest" fp32 precision, not Hopper).
     Per-individual x with batch <= 16 runs 2 warps, where Triton uses mma.sync
-    with register operands (best on the B=1 row); wider tiles use wgmma. The
-    launcher also passes EVEN_K when BK divides in_f, which drops the K masks
-    of the x and W tiles.
+    with register operands (best on the B=1 row); wider tiles use wgmma.
+    Shared x at batch <= 128 caps registers at 96, 5 programs per SM. Uncapped,
+    ptxas gives this kernel 116 (4 per SM: no faster than the previous kernel at
+    80 and 6 per SM); at 96 it measured +2-7% over that one on the B=64 rows, at 88
+    within +-2% (H200, side by side, benchmarks/RESULTS.md).
     """
     bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
     if batch > 128:
-        return 256, bn, 32, 4, 3
+        return 256, bn, 32, 4, 3, None
     bm = max(16, triton.next_power_of_2(batch))
     bk = min(32, max(16, triton.next_power_of_2(in_f)))
     if shared:  # 3 stages: x prefetched two K steps ahead (~+5% at in >= 1024)
-        return bm, bn, bk, 4, 3
-    return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2
+        return bm, bn, bk, 4, 3, 96
+    return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2, None
 
 
 def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
@@ -147,7 +176,9 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
             x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic):
         return out
     x3 = x if not shared else x[None]
-    bm, bn, bk, warps, stages = tiles(batch, out_f, in_f, shared)
+    bm, bn, bk, warps, stages, maxnreg = tiles(batch, out_f, in_f, shared)
+    rem = in_f % bk
+    k_tail = max(16, triton.next_power_of_2(rem)) if rem else 0
     grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
     _perturbed_linear_kernel[grid](
         x3, weight, bias if bias is not None else weight, base, out, seeds,
@@ -157,6 +188,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
         out.stride(0), out.stride(1),
         float(sigma), offset, offset + out_f * in_f,
         SHARED_X=shared, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
-        BM=bm, BN=bn, BK=bk, PRECISION=precision, EVEN_K=in_f % bk == 0, num_warps=warps, num_stages=stages,
+        BM=bm, BN=bn, BK=bk, PRECISION=precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail,
+        num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return out
