@@ -97,19 +97,14 @@ def _perturbed_linear_kernel(
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, ANTITHETIC, PRECISION)
 
     if HAS_BIAS:
-        if SHARED_X:
-            # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
-            # (= key + counter_offset(w_offset + n * in_f + k_main)); offsets add mod 2^64,
-            # negative ones too. Starting from c keeps these hashes in the noise tile's layout
-            # (about one per thread); from key and n the compiler rematerialized them in the
-            # accumulator layout, 16 per thread (sm_90 SASS: 1392 -> 1064 instructions per
-            # thread at 1024 inputs). Per-individual x keeps the direct form: there the
-            # derived one lengthened the K loop.
-            d = (tl.full((1,), b_offset, tl.int64) - w_offset - k_main) + offs_n.to(tl.int64) * (1 - in_f)
-            nb = noise_from_counter(c + counter_offset(d))[None, :]
-        else:
-            nb_c = key + counter_offset(tl.full((1,), b_offset, tl.int64) + t * BN)
-            nb = noise_from_counter(nb_c + counter_offset(tl.arange(0, BN)))[None, :]
+        # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
+        # (= key + counter_offset(w_offset + n * in_f + k_main)); offsets add mod 2^64,
+        # negative ones too. Starting from c keeps these hashes in the noise tile's layout
+        # (about one per thread); from key and n the compiler rematerialized them in the
+        # accumulator layout, 16 per thread (sm_90 SASS: 1392 -> 1064 instructions per
+        # thread at 1024 inputs, shared x; 1496 -> 1336 for per-individual x at B=1).
+        d = (tl.full((1,), b_offset, tl.int64) - w_offset - k_main) + offs_n.to(tl.int64) * (1 - in_f)
+        nb = noise_from_counter(c + counter_offset(d))[None, :]
     else:
         nb = tl.zeros((1, BN), dtype=tl.float32)
     mask = mask_m[:, None] & mask_n[None, :]
