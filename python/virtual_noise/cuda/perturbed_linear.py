@@ -137,9 +137,10 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     Per-individual x with batch <= 16 runs 2 warps, where Triton uses mma.sync
     with register operands (best on the B=1 row); wider tiles use wgmma.
     Shared x at batch <= 128 caps registers at 96, 5 programs per SM. Uncapped,
-    ptxas gives this kernel 116 (4 per SM: no faster than the previous kernel at
-    80 and 6 per SM); at 96 it measured +2-7% over that one on the B=64 rows, at 88
-    within +-2% (H200, side by side, benchmarks/RESULTS.md).
+    ptxas takes 116 (4 per SM), which measured no faster than the bias hashed in
+    the accumulator layout at 80 registers (6 per SM); the cap at 96 measured
+    +2-7% over that on the B=64 rows, at 88 within +-2% (H200, side by side,
+    benchmarks/RESULTS.md, seventh session).
     """
     bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
     if batch > 128:
