@@ -29,7 +29,9 @@ def counter_offset(e):
     """uint64(e) * GAMMA for element indices e >= 0 (any int dtype).
 
     The counter of element e is key + counter_offset(e), and offsets add:
-    counter_offset(a + b) == counter_offset(a) + counter_offset(b) mod 2^64. Kernels
+    counter_offset(a + b) == counter_offset(a) + counter_offset(b) mod 2^64, for
+    negative int64 a or b too (two's complement), so a kernel may step from one
+    element's counter to another's by the difference of their indices. Kernels
     hoist the offsets of a tile's rows and columns out of their loops, so each
     element costs one 64-bit add instead of a 64-bit multiply.
     """
