@@ -15,6 +15,11 @@ operand rounding as the tl.dot kernel (the GPU tests check the outputs are
 bit-identical). Gluon is not run by TRITON_INTERPRET, so this path is taken on
 sm_90 GPUs only; elsewhere (and for "highest" fp32 precision, tf32x3, which
 wgmma has no single-instruction form of) the tl.dot kernel runs.
+
+Why not warp-specialized (hash warps filling a shared noise ring for a wgmma
+warpgroup): ptxas caps every partition at the launch register bound, so a CTA
+holding this 64x256 fp32 accumulator can have at most 12 warps. The variants
+that fit measured 5-61% slower (benchmarks/RESULTS.md, eighth session).
 """
 
 from __future__ import annotations
