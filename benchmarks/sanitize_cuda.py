@@ -27,6 +27,10 @@ for dtype in (torch.float32, torch.bfloat16):
     w, b = torch.randn(19, 40, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
     vn.virtual_perturbed_linear(x, w, b, s, 0.1, 3, antithetic=True)
     vn.virtual_perturbed_linear(x, w, None, s, 0.1, 3)
+    # The noise-slab kernel: 150 seeds x 1 output tile >= one program per SM on an H200.
+    many = torch.arange(150, device="cuda") - 75
+    vn.virtual_perturbed_linear(x, w, b, many, 0.1, 3, antithetic=True)
+    vn.virtual_perturbed_linear(x, w, None, many, 0.1, 3)
 f = torch.randn(6, device="cuda")
 vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
 vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)

@@ -72,11 +72,29 @@ def _hopper():
 @pytest.mark.skipif(not _hopper(), reason="the Gluon large-batch kernel runs on sm_90 only")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("antithetic", [False, True])
-@pytest.mark.parametrize("batch,in_f,out_f", [(129, 40, 70), (300, 256, 150), (1000, 200, 64)])
-def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, monkeypatch):
-    """Shared x, batch > 128: the Gluon kernel (perturbed_linear_large_batch.py) against
+@pytest.mark.parametrize("batch,in_f,out_f,kernel", [
+    (129, 40, 70, "per_tile"), (300, 256, 150, "per_tile"), (1000, 200, 64, "per_tile"),
+    (300, 256, 150, "noise_slab"), (1000, 200, 64, "noise_slab"), (513, 512, 130, "noise_slab")])
+def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monkeypatch):
+    """Shared x, batch > 128: each Gluon kernel (perturbed_linear_large_batch.py) against
     float64 and bit for bit against the tl.dot kernel, plus graph capture and compile."""
     from virtual_noise.cuda import perturbed_linear_large_batch as large
+
+    # These populations are too small for the launcher's own choice of the noise-slab
+    # kernel (one program per SM): force it, or keep it off, and check which one ran.
+    slab_grids = []
+    real_slab = large._noise_slab_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            slab_grids.append(grid)
+            return real_slab[grid]
+
+    monkeypatch.setattr(large, "_noise_slab_kernel", Spy())
+    if kernel == "noise_slab":
+        monkeypatch.setattr(large, "SLAB_MIN_PROGRAMS_PER_SM", 0)
+    else:
+        monkeypatch.setattr(large, "_use_noise_slab", lambda x, programs: False)
 
     g = torch.Generator().manual_seed(batch + in_f)
     m = 3
@@ -96,6 +114,7 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, monkeypatch):
     try:
         assert large.applies(xc, "tf32" if dtype == torch.float32 else "ieee")
         y = call(xc)
+        assert bool(slab_grids) == (kernel == "noise_slab")
         tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
         ref = perturbed_linear_ref(x, w, b, s, sigma, offset, antithetic)
         torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)

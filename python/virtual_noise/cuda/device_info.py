@@ -23,6 +23,18 @@ def sm_count(device: torch.device) -> int:
     return _device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(index: int) -> int:
+    import triton  # torch's device properties lack the opt-in maximum that Triton launches with
+
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use (the opt-in maximum per block: 227 KiB on Hopper)."""
+    return _max_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def compute_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) of a CUDA device, e.g. (9, 0) for Hopper (wgmma, TMA)."""
     props = _device_properties(device)

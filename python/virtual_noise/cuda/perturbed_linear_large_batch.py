@@ -1,14 +1,26 @@
-"""perturbed_linear on Hopper for large shared-x batches: the noise as wgmma's register operand.
+"""perturbed_linear on Hopper for large shared-x batches: two Gluon wgmma kernels.
 
 For batches over 128 the tl.dot kernel (perturbed_linear.py) needs a 256-row
 accumulator next to the noise tile, so the noise round-trips through shared
-memory and its hashing waits for each dot. This Gluon kernel computes the
-transposed tile instead, out^T (BO outputs x BB batch rows) = N_u (BO x K) @ x^T:
-the noise tile is hashed straight into the register layout of wgmma's A
-operand, x tiles stream in through a TMA ring, and the hash of K step k+1 runs
-while the asynchronous wgmma of step k is in flight. Measured on an H200 side
-by side with the tl.dot kernel (benchmarks/RESULTS.md): +32% at P=64 B=256
-4096->4096, +32% at P=256 B=1024 512->512.
+memory and its hashing waits for each dot. Both kernels here compute the
+transposed tile instead, out^T (BO outputs x BB batch rows) = N_u (BO x K) @ x^T,
+with x tiles streaming in through a TMA ring:
+
+- _large_batch_kernel, one program per (individual, output tile, batch tile):
+  the noise tile is hashed straight into the register layout of wgmma's A
+  operand, and the hash of K step k+1 runs while the asynchronous wgmma of
+  step k is in flight. Measured on an H200 side by side with the tl.dot kernel
+  (benchmarks/RESULTS.md): +32% at P=64 B=256 4096->4096, +32% at P=256 B=1024.
+- _noise_slab_kernel, one program per (individual, output tile) looping over
+  the batch tiles: the first batch tile hashes the whole BO x in_f noise slab
+  into shared memory, later ones reuse it, so each noise element is hashed
+  once instead of once per 256 batch rows. It serves batches over 256 whose
+  slab fits beside the x ring (fp32 in_f <= 512, 16-bit <= 1024 on an H200)
+  when there is at least one program per SM. Side by side with the per-tile
+  kernel (ninth session): P=256 B=1024 512->512 fp32 +5% (antithetic +45%),
+  bf16 / fp16 +42% (+38%). The fp32 row stays near 45% of the tf32 rate: each
+  program re-reads all of x from L2 (4 GiB per call there), and an fp32 slab
+  of 128 outputs, which would halve that, does not fit in shared memory.
 
 Same noise, same float32 accumulation order over K and same tf32 / 16-bit
 operand rounding as the tl.dot kernel (the GPU tests check the outputs are
@@ -33,18 +45,36 @@ import triton
 try:  # Gluon ships with triton >= 3.5; without it the tl.dot kernel serves every case.
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # pragma: no cover - depends on the installed triton
     gluon = None
 
-from .device_info import compute_capability
+from .device_info import compute_capability, max_shared_memory, sm_count
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
+SLAB_STAGES, SLAB_WARPS = 3, 8  # the noise-slab kernel (ninth session's sweep)
+SLAB_MIN_PROGRAMS_PER_SM = 1  # fewer programs than SMs: the per-tile grid (x batch tiles) fills more SMs;
+# measured inconclusive at P=16-32, B=1024 (0.1-0.25 ms calls, +-30% between rounds)
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
 
 if gluon is not None:
+
+    @gluon.jit
+    def _store_tile(acc, oo, m0, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma,
+                    ANTITHETIC: gl.constexpr):
+        """out[i0] = base + sigma * acc for the transposed tile acc (outputs oo x batch rows m0...),
+        and out[i0 + 1] = base - sigma * acc for an antithetic pair."""
+        BB: gl.constexpr = acc.shape[1]
+        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, acc.type.layout))
+        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
+        base = gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
+        out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
+        gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
+        if ANTITHETIC:
+            gl.store(out_ptrs + (i0 + 1) * stride_op, (base - sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _large_batch_kernel(
@@ -104,19 +134,89 @@ if gluon is not None:
             mbarrier.invalidate(bars.index(j))
 
         oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
-        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, mma))
-        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
         if HAS_BIAS:
             acc = acc + noise_at(key, b_offset + oo.to(gl.int64))[:, None]
-        base = gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
-        out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
-        gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
-        if ANTITHETIC:
-            gl.store(out_ptrs + (i0 + 1) * stride_op, (base - sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
+        _store_tile(acc, oo, m0, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+
+
+    @gluon.jit
+    def _noise_slab_kernel(
+        x_desc, base_ptr, out_ptr, seeds_ptr,
+        batch, in_f, out_f, stride_op, stride_ob,
+        sigma, w_offset, b_offset, n_tiles,
+        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+        KSTEPS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (individual, output tile), looping over all batch tiles.
+
+        The first batch tile hashes the BO x in_f noise slab into shared memory
+        (each K step's hash overlapping the previous step's wgmma); later batch
+        tiles read it back, so each noise element is hashed once per program
+        instead of once per batch tile. Two warpgroups split each tile's batch
+        rows and share the slab.
+        """
+        BB: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        DT: gl.constexpr = x_desc.dtype
+        mma: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, num_warps // 4],
+            instr_shape=[16, BB // (num_warps // 4), 256 // DT.primitive_bitwidth])
+        hashing: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BK // 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+
+        u = gl.program_id(0) // n_tiles
+        t = gl.program_id(0) % n_tiles
+        key = seed_key(gl.load(seeds_ptr + u))
+        i0 = (u * 2 if ANTITHETIC else u).to(gl.int64)
+        total = gl.cdiv(batch, BB) * KSTEPS  # x tiles, batch tile major
+
+        slab = gl.allocate_shared_memory(DT, [KSTEPS, BO, BK], x_desc.layout)
+        x_s = gl.allocate_shared_memory(DT, [STAGES, BB, BK], x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(bars.index(j), count=1)
+        for j in gl.static_range(STAGES - 1):
+            mbarrier.expect(bars.index(j), x_desc.block_type.nbytes, pred=j < total)
+            tma.async_copy_global_to_shared(x_desc, [(j // KSTEPS) * BB, (j % KSTEPS) * BK], bars.index(j),
+                                            x_s.index(j), pred=j < total)
+
+        offs_o = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, hashing))
+        offs_k = gl.arange(0, BK, layout=gl.SliceLayout(0, hashing))
+        c = key + counter_offset(w_offset + offs_o.to(gl.int64) * in_f)
+        lane_k = counter_offset(offs_k)
+        c_step = counter_offset(gl.full([1], BK, gl.int64, layout=gl.SliceLayout(1, hashing)))
+        oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
+        if HAS_BIAS:
+            nb = noise_at(key, b_offset + oo.to(gl.int64))
+
+        for m in range(gl.cdiv(batch, BB)):
+            acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
+            for k in range(KSTEPS):
+                it = m * KSTEPS + k
+                if m == 0:  # K columns past in_f meet zero x columns (TMA fill): no mask needed
+                    slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(DT))
+                    fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
+                    gl.thread_barrier()
+                    c += c_step
+                s = it % STAGES
+                mbarrier.wait(bars.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(slab.index(k), x_s.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                nxt = it + STAGES - 1  # its slot was read by wgmma it - 1, complete now
+                sn = nxt % STAGES
+                mbarrier.expect(bars.index(sn), x_desc.block_type.nbytes, pred=nxt < total)
+                tma.async_copy_global_to_shared(x_desc, [(nxt // KSTEPS) * BB, (nxt % KSTEPS) * BK],
+                                                bars.index(sn), x_s.index(sn), pred=nxt < total)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if HAS_BIAS:
+                acc = acc + nb[:, None]
+            _store_tile(acc, oo, m * BB, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+        for j in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(j))
 
 
 def applies(x: torch.Tensor, precision: str) -> bool:
-    """Whether this kernel serves a shared-x call (the launcher falls back otherwise).
+    """Whether these kernels serve a shared-x call (the launcher falls back otherwise).
 
     Needs Gluon, a Hopper GPU (wgmma), a single-instruction dot precision
     (tf32 or 16-bit inputs), a batch over 128 and a TMA-compatible x (16-byte
@@ -150,6 +250,18 @@ def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic)
     return True
 
 
+def _use_noise_slab(x, programs: int) -> bool:
+    """Whether _noise_slab_kernel serves this x: several batch tiles to reuse the slab over, the
+    slab plus a 3-stage x ring within the device's shared memory per program (fp32 in_f <= 512,
+    16-bit <= 1024 on an H200; a 2-stage ring measured 28% slower in a 4-warp version),
+    and at least one program per SM (fewer leave SMs idle that the per-tile grid would use)."""
+    batch, in_f = x.shape
+    es, bk = x.element_size(), 128 // x.element_size()
+    smem = (BO * triton.cdiv(in_f, bk) + SLAB_STAGES * BB) * bk * es + 1024  # + barriers
+    return (batch > BB and smem <= max_shared_memory(x.device)
+            and programs >= SLAB_MIN_PROGRAMS_PER_SM * sm_count(x.device))
+
+
 def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
     batch, in_f = x.shape
     out_f = out.shape[-1]
@@ -157,9 +269,12 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * x.element_size(), rank=2)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [BB, bk], layout)
     n_tiles = triton.cdiv(out_f, BO)
-    grid = (seeds.numel() * n_tiles, triton.cdiv(batch, BB))
-    _large_batch_kernel[grid](
-        x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
-        float(sigma), w_offset, b_offset, n_tiles,
-        HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS,
-    )
+    args = (x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
+            float(sigma), w_offset, b_offset, n_tiles)
+    if _use_noise_slab(x, seeds.numel() * n_tiles):
+        _noise_slab_kernel[(seeds.numel() * n_tiles,)](
+            *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
+            STAGES=SLAB_STAGES, num_warps=SLAB_WARPS)
+        return
+    _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
+        *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
