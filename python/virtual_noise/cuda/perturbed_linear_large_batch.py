@@ -77,6 +77,16 @@ if gluon is not None:
             gl.store(out_ptrs + (i0 + 1) * stride_op, (base - sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
+    def _noise_counters(key, t, w_offset, in_f, BO: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
+        """Counters of output tile t's (BO x BK) noise tiles, as in perturbed_linear.py: row
+        counters c (add c_step per K step) plus constant lane offsets, one 64-bit add per element."""
+        offs_o = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, layout))
+        offs_k = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+        c = key + counter_offset(w_offset + offs_o.to(gl.int64) * in_f)
+        c_step = counter_offset(gl.full([1], BK, gl.int64, layout=gl.SliceLayout(1, layout)))
+        return c, counter_offset(offs_k), c_step
+
+    @gluon.jit
     def _large_batch_kernel(
         x_desc, base_ptr, out_ptr, seeds_ptr,
         batch, in_f, out_f, stride_op, stride_ob,
@@ -108,13 +118,7 @@ if gluon is not None:
             mbarrier.expect(bars.index(j), x_desc.block_type.nbytes, pred=j < n_steps)
             tma.async_copy_global_to_shared(x_desc, [m0, j * BK], bars.index(j), x_s.index(j), pred=j < n_steps)
 
-        # Counters as in perturbed_linear.py: row counters carried across K steps
-        # plus constant lane offsets, one 64-bit add per noise element.
-        offs_o = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, a_layout))
-        offs_k = gl.arange(0, BK, layout=gl.SliceLayout(0, a_layout))
-        c = key + counter_offset(w_offset + offs_o.to(gl.int64) * in_f)
-        lane_k = counter_offset(offs_k)
-        c_step = counter_offset(gl.full([1], BK, gl.int64, layout=gl.SliceLayout(1, a_layout)))
+        c, lane_k, c_step = _noise_counters(key, t, w_offset, in_f, BO, BK, a_layout)
 
         acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
         nt = noise_from_counter(c[:, None] + lane_k[None, :]).to(DT)
@@ -137,7 +141,6 @@ if gluon is not None:
         if HAS_BIAS:
             acc = acc + noise_at(key, b_offset + oo.to(gl.int64))[:, None]
         _store_tile(acc, oo, m0, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
-
 
     @gluon.jit
     def _noise_slab_kernel(
@@ -180,11 +183,7 @@ if gluon is not None:
             tma.async_copy_global_to_shared(x_desc, [(j // KSTEPS) * BB, (j % KSTEPS) * BK], bars.index(j),
                                             x_s.index(j), pred=j < total)
 
-        offs_o = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, hashing))
-        offs_k = gl.arange(0, BK, layout=gl.SliceLayout(0, hashing))
-        c = key + counter_offset(w_offset + offs_o.to(gl.int64) * in_f)
-        lane_k = counter_offset(offs_k)
-        c_step = counter_offset(gl.full([1], BK, gl.int64, layout=gl.SliceLayout(1, hashing)))
+        c, lane_k, c_step = _noise_counters(key, t, w_offset, in_f, BO, BK, hashing)
         oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
         if HAS_BIAS:
             nb = noise_at(key, b_offset + oo.to(gl.int64))
