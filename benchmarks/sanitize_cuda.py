@@ -18,6 +18,8 @@ for shared in (True, False):
             w, b = torch.randn(19, 37, device="cuda", dtype=dtype), torch.randn(19, device="cuda", dtype=dtype)
             vn.virtual_perturbed_linear(x.to(dtype), w, b, s, 0.1, 3, antithetic=anti)
             vn.virtual_perturbed_linear(x.to(dtype), w, None, s, 0.1, 3, antithetic=anti)
+x = torch.randn(6, 37, 5, device="cuda").transpose(1, 2)  # per-individual fp32 x that does not flatten: W tiles
+vn.virtual_perturbed_linear(x, torch.randn(19, 37, device="cuda"), torch.randn(19, device="cuda"), s, 0.1, 3, antithetic=True)
 for shared in (True, False):  # 48 inputs: a full 16-wide K tail step after one 32-wide step
     x = torch.randn((5, 48) if shared else (3, 5, 48), device="cuda")
     vn.virtual_perturbed_linear(x, torch.randn(70, 48, device="cuda"), torch.randn(70, device="cuda"), s, 0.1, 3)

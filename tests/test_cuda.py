@@ -48,6 +48,33 @@ def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_b
     torch.testing.assert_close(y.cpu().double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
 
 
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_per_individual_base_paths(antithetic, precision):
+    """Per-individual float32 x: one cuBLAS GEMM into out when x flattens, W tiles in the kernel
+    when it does not; both against float64 at the dot precision's tolerance."""
+    from virtual_noise.cuda import perturbed_linear as lin
+
+    g = torch.Generator().manual_seed(11)
+    m, batch, in_f, out_f = 5, 3, 300, 70
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    w, b = torch.randn(out_f, in_f, generator=g), torch.randn(out_f, generator=g)
+    flat = torch.randn(pop, batch, in_f, generator=g)
+    strided = torch.randn(pop, in_f, batch, generator=g).transpose(1, 2)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        for x, cublas in [(flat, True), (strided, False)]:
+            xc = x.cuda()
+            y = vn.virtual_perturbed_linear(xc, w.cuda(), b.cuda(), s.cuda(), 0.3, 9, antithetic=antithetic)
+            assert lin._base_in_out(xc, y) is cublas
+            err = (y.cpu().double() - perturbed_linear_ref(x, w, b, s, 0.3, 9, antithetic)).abs().max().item()
+            assert err < (1e-3 if precision == "highest" else 0.1), (cublas, err)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 def test_tf32_precision_follows_torch_setting():
     g = torch.Generator().manual_seed(0)
     s = seeds_for(2, g).cuda()
@@ -219,9 +246,12 @@ def test_cuda_graph_capture_and_compile():
     x, w, b = torch.randn(16, 64, generator=g).cuda(), torch.randn(32, 64, generator=g).cuda(), torch.randn(32, generator=g).cuda()
     f = torch.randn(16, generator=g).cuda()
 
+    xp = torch.randn(16, 16, 64, generator=g).cuda()  # per individual: the cuBLAS base written into out
+
     def step():
         y = vn.virtual_perturbed_linear(x, w, b, s, 0.1, 0, antithetic=True)
-        fit = y.mean(dim=(1, 2)) + f
+        yp = vn.virtual_perturbed_linear(xp, w, b, s, 0.1, 0, antithetic=True)
+        fit = y.mean(dim=(1, 2)) + yp.mean(dim=(1, 2)) + f
         return vn.virtual_weight_gradient(fit, s, (32, 64), 0.1, 16, 0, antithetic=True)
 
     want = step()

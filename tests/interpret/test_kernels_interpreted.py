@@ -64,6 +64,13 @@ def test_perturbed_linear_strided_and_tiny():
     w = torch.randn(9, 6, generator=g).t()  # (6, 9) strided
     y = lin.perturbed_linear(x, w, None, s, 0.5, 1, False)
     torch.testing.assert_close(y.double(), perturbed_linear_ref(x, w, None, s, 0.5, 1), rtol=1e-5, atol=1e-5)
+    # x that flattens takes the cuBLAS base written into out; this x does not (W tiles in the kernel)
+    xc, b = torch.randn(4, 3, 9, generator=g), torch.randn(6, generator=g)
+    assert lin._base_in_out(xc, y) and not lin._base_in_out(x, y) and not lin._base_in_out(xc, y.half())
+    for anti in (False, True):
+        yc = lin.perturbed_linear(xc, w, b, s[:2] if anti else s, 0.5, 1, anti)
+        want = perturbed_linear_ref(xc, w, b, s[:2] if anti else s, 0.5, 1, anti)
+        torch.testing.assert_close(yc.double(), want, rtol=1e-5, atol=1e-5)
     assert lin.perturbed_linear(torch.randn(0, 9), w, None, s, 0.5, 1, False).shape == (4, 0, 6)
 
 
