@@ -163,6 +163,14 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2, None
 
 
+def _cublas_base(x2, weight, bias, out=None):
+    """x2 @ W^T + b for 2-D x2 as one cuBLAS GEMM in float32 (a fresh row-major tensor, or into out)."""
+    x2, wt = x2.float(), weight.float().t()
+    if bias is not None:
+        return torch.addmm(bias.float(), x2, wt, out=out)
+    return torch.mm(x2, wt, out=out)
+
+
 def _base_in_out(x, out) -> bool:
     """Whether x_i @ W^T + b for per-individual x is one cuBLAS GEMM over all P * batch rows, written
     into out: needs a float32 out (the base stays float32 until the noise term is added) and an x
@@ -187,17 +195,12 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     if out.numel() == 0:
         return out
     seeds = seeds.to(torch.int64).contiguous()
-    if shared:  # the shared part, once, in float32 (cuBLAS)
-        xf, wf = x.float(), weight.float()
-        base = torch.addmm(bias.float(), xf, wf.t()) if bias is not None else xf @ wf.t()
-        base = base.contiguous()
+    if shared:  # the shared part, once
+        base = _cublas_base(x, weight, bias)
         stride_bp, stride_bb, w_in_kernel = 0, out_f, False
-    elif _base_in_out(x, out):  # x_i @ W^T + b, for all individuals at once, written into out (cuBLAS)
-        base, x2, o2 = out, x.view(-1, in_f), out.view(-1, out_f)
-        if bias is not None:
-            torch.addmm(bias, x2, weight.t(), out=o2)
-        else:
-            torch.mm(x2, weight.t(), out=o2)
+    elif _base_in_out(x, out):  # x_i @ W^T + b, for all individuals at once, written into out
+        base = out
+        _cublas_base(x.view(-1, in_f), weight, bias, out=out.view(-1, out_f))
         stride_bp, stride_bb, w_in_kernel = out.stride(0), out.stride(1), False
     else:
         base, stride_bp, stride_bb, w_in_kernel = out, 0, 0, True  # base unused: x_i @ W^T from W tiles
