@@ -58,19 +58,27 @@ BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESUL
 SLAB_STAGES, SLAB_WARPS = 3, 8  # the noise-slab kernel (ninth session's sweep)
 SLAB_MIN_PROGRAMS_PER_SM = 1  # fewer programs than SMs: the per-tile grid (x batch tiles) fills more SMs;
 # measured inconclusive at P=16-32, B=1024 (0.1-0.25 ms calls, +-30% between rounds)
+SLAB_BASE_EARLY_ANTITHETIC = True  # antithetic pairs: 2-6% faster at fp32, 5-13% at bf16 (twelfth session);
+# single individuals measured -4% to +8% in time (slower at P=1024 B=300 256->256): they keep the epilogue load
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
 
 if gluon is not None:
 
     @gluon.jit
-    def _store_tile(acc, oo, m0, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma,
+    def _load_base_tile(base_ptr, oo, m0, batch, out_f, BB: gl.constexpr, layout: gl.constexpr):
+        """The float32 base x @ W^T + b for outputs oo x batch rows m0..m0+BB, transposed like acc."""
+        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, layout))
+        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
+        return gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
+
+    @gluon.jit
+    def _store_tile(acc, base, oo, m0, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma,
                     ANTITHETIC: gl.constexpr):
         """out[i0] = base + sigma * acc for the transposed tile acc (outputs oo x batch rows m0...),
         and out[i0 + 1] = base - sigma * acc for an antithetic pair."""
         BB: gl.constexpr = acc.shape[1]
         ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, acc.type.layout))
         mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
-        base = gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
         out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
         gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
         if ANTITHETIC:
@@ -140,7 +148,8 @@ if gluon is not None:
         oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
         if HAS_BIAS:
             acc = acc + noise_at(key, b_offset + oo.to(gl.int64))[:, None]
-        _store_tile(acc, oo, m0, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+        base = _load_base_tile(base_ptr, oo, m0, batch, out_f, BB, mma)
+        _store_tile(acc, base, oo, m0, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
 
     @gluon.jit
     def _noise_slab_kernel(
@@ -148,7 +157,7 @@ if gluon is not None:
         batch, in_f, out_f, stride_op, stride_ob,
         sigma, w_offset, b_offset, n_tiles,
         HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
-        KSTEPS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        KSTEPS: gl.constexpr, STAGES: gl.constexpr, BASE_EARLY: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (individual, output tile), looping over all batch tiles.
 
@@ -156,7 +165,10 @@ if gluon is not None:
         (each K step's hash overlapping the previous step's wgmma); later batch
         tiles read it back, so each noise element is hashed once per program
         instead of once per batch tile. Two warpgroups split each tile's batch
-        rows and share the slab.
+        rows and share the slab. BASE_EARLY loads each batch tile's base before
+        its K loop, so the load's latency hides behind the wgmmas instead of
+        stalling the epilogue, at the cost of holding the base tile (64 floats
+        per thread) through the loop.
         """
         BB: gl.constexpr = x_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -189,6 +201,8 @@ if gluon is not None:
             nb = noise_at(key, b_offset + oo.to(gl.int64))
 
         for m in range(gl.cdiv(batch, BB)):
+            if BASE_EARLY:
+                base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)
             acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
             for k in range(KSTEPS):
                 it = m * KSTEPS + k
@@ -209,7 +223,9 @@ if gluon is not None:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if HAS_BIAS:
                 acc = acc + nb[:, None]
-            _store_tile(acc, oo, m * BB, base_ptr, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+            if not BASE_EARLY:
+                base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)
+            _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -273,7 +289,7 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     if _use_noise_slab(x, seeds.numel() * n_tiles):
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
             *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
-            STAGES=SLAB_STAGES, num_warps=SLAB_WARPS)
+            STAGES=SLAB_STAGES, BASE_EARLY=antithetic and SLAB_BASE_EARLY_ANTITHETIC, num_warps=SLAB_WARPS)
         return
     _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
         *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
