@@ -65,10 +65,15 @@ _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot k
 if gluon is not None:
 
     @gluon.jit
+    def _tile_rows(oo, m0, batch, out_f, BB: gl.constexpr, layout: gl.constexpr):
+        """Batch rows m0..m0+BB of a transposed (outputs oo x batch rows) tile, and its in-bounds mask."""
+        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, layout))
+        return ob, (oo < out_f)[:, None] & (ob < batch)[None, :]
+
+    @gluon.jit
     def _load_base_tile(base_ptr, oo, m0, batch, out_f, BB: gl.constexpr, layout: gl.constexpr):
         """The float32 base x @ W^T + b for outputs oo x batch rows m0..m0+BB, transposed like acc."""
-        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, layout))
-        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
+        ob, mask = _tile_rows(oo, m0, batch, out_f, BB, layout)
         return gl.load(base_ptr + ob[None, :] * out_f + oo[:, None], mask=mask, other=0.0)
 
     @gluon.jit
@@ -77,8 +82,8 @@ if gluon is not None:
         """out[i0] = base + sigma * acc for the transposed tile acc (outputs oo x batch rows m0...),
         and out[i0 + 1] = base - sigma * acc for an antithetic pair."""
         BB: gl.constexpr = acc.shape[1]
-        ob = m0 + gl.arange(0, BB, layout=gl.SliceLayout(0, acc.type.layout))
-        mask = (oo < out_f)[:, None] & (ob < batch)[None, :]
+        LAYOUT: gl.constexpr = acc.type.layout
+        ob, mask = _tile_rows(oo, m0, batch, out_f, BB, LAYOUT)
         out_ptrs = out_ptr + ob[None, :] * stride_ob + oo[:, None]
         gl.store(out_ptrs + i0 * stride_op, (base + sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
         if ANTITHETIC:
