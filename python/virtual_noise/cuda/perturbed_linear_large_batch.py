@@ -18,9 +18,12 @@ with x tiles streaming in through a TMA ring:
   slab fits beside the x ring (fp32 in_f <= 512, 16-bit <= 1024 on an H200)
   when there is at least one program per SM. Side by side with the per-tile
   kernel (ninth session): P=256 B=1024 512->512 fp32 +5% (antithetic +45%),
-  bf16 / fp16 +42% (+38%). The fp32 row stays near 45% of the tf32 rate: each
-  program re-reads all of x from L2 (4 GiB per call there), and an fp32 slab
-  of 128 outputs, which would halve that, does not fit in shared memory.
+  bf16 / fp16 +42% (+38%). The fp32 row stays near half the tf32 rate. It is
+  not bound by L2 bandwidth (Nsight Compute: 31-34% of it) nor by the x tiles
+  it re-reads (a 128-output variant was slower) but by latency, at 0.4
+  eligible warps per scheduler. The likely wait is the x ring: beside the
+  slab only 3 stages fit, two K steps (~0.6 us) of x in flight (RESULTS.md,
+  thirteenth session).
 
 Same noise, same float32 accumulation order over K and same tf32 / 16-bit
 operand rounding as the tl.dot kernel (the GPU tests check the outputs are
@@ -58,8 +61,6 @@ BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESUL
 SLAB_STAGES, SLAB_WARPS = 3, 8  # the noise-slab kernel (ninth session's sweep)
 SLAB_MIN_PROGRAMS_PER_SM = 1  # fewer programs than SMs: the per-tile grid (x batch tiles) fills more SMs;
 # measured inconclusive at P=16-32, B=1024 (0.1-0.25 ms calls, +-30% between rounds)
-SLAB_BASE_EARLY_ANTITHETIC = True  # antithetic pairs: 2-6% faster at fp32, 5-13% at bf16 (twelfth session);
-# single individuals measured -4% to +8% in time (slower at P=1024 B=300 256->256): they keep the epilogue load
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
 
 if gluon is not None:
@@ -157,12 +158,36 @@ if gluon is not None:
         _store_tile(acc, base, oo, m0, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
 
     @gluon.jit
+    def _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, k, total,
+                     KSTEPS: gl.constexpr, STAGES: gl.constexpr):
+        """K step k of batch tile m in _noise_slab_kernel: on the first batch tile, hash slab k
+        (overlapping the previous step's wgmma); then issue its wgmma and refill the x ring."""
+        BB: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        it = m * KSTEPS + k
+        if m == 0:  # K columns past in_f meet zero x columns (TMA fill): no mask needed
+            slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(x_desc.dtype))
+            fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
+            gl.thread_barrier()
+            c += c_step
+        s = it % STAGES
+        mbarrier.wait(bars.index(s), (it // STAGES) & 1)
+        acc = warpgroup_mma(slab.index(k), x_s.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        nxt = it + STAGES - 1  # its slot was read by wgmma it - 1, complete now
+        sn = nxt % STAGES
+        mbarrier.expect(bars.index(sn), x_desc.block_type.nbytes, pred=nxt < total)
+        tma.async_copy_global_to_shared(x_desc, [(nxt // KSTEPS) * BB, (nxt % KSTEPS) * BK],
+                                        bars.index(sn), x_s.index(sn), pred=nxt < total)
+        return acc, c
+
+    @gluon.jit
     def _noise_slab_kernel(
         x_desc, base_ptr, out_ptr, seeds_ptr,
         batch, in_f, out_f, stride_op, stride_ob,
         sigma, w_offset, b_offset, n_tiles,
         HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
-        KSTEPS: gl.constexpr, STAGES: gl.constexpr, BASE_EARLY: gl.constexpr, num_warps: gl.constexpr,
+        KSTEPS: gl.constexpr, STAGES: gl.constexpr, DEFER_STORE: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (individual, output tile), looping over all batch tiles.
 
@@ -170,10 +195,18 @@ if gluon is not None:
         (each K step's hash overlapping the previous step's wgmma); later batch
         tiles read it back, so each noise element is hashed once per program
         instead of once per batch tile. Two warpgroups split each tile's batch
-        rows and share the slab. BASE_EARLY loads each batch tile's base before
-        its K loop, so the load's latency hides behind the wgmmas instead of
-        stalling the epilogue, at the cost of holding the base tile (64 floats
-        per thread) through the loop.
+        rows and share the slab.
+
+        Each batch tile's base is loaded before its K loop, so the load's
+        latency hides behind the wgmmas instead of stalling the epilogue.
+        DEFER_STORE stores each tile's outputs after the next tile's first
+        wgmma is issued, so those stores drain while the tensor cores work.
+        Measured on an H200 (benchmarks/RESULTS.md, twelfth and thirteenth
+        sessions), each mode against the epilogue load and store:
+        - single individuals defer: fp32 +1-5%, bf16 +1-10%;
+        - antithetic pairs do not: their two tiles, held over, spill 128
+          bytes, and deferring measured 3-23% slower on 9 of 10 shapes. The
+          early base load alone gave them +2-6% fp32, +5-13% bf16.
         """
         BB: gl.constexpr = x_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -205,32 +238,29 @@ if gluon is not None:
         if HAS_BIAS:
             nb = noise_at(key, b_offset + oo.to(gl.int64))
 
-        for m in range(gl.cdiv(batch, BB)):
-            if BASE_EARLY:
-                base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)
+        n_m = gl.cdiv(batch, BB)
+        prev = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)  # DEFER_STORE: the last tile, not yet stored
+        prev_base = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
+        for m in range(n_m):
             acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
-            for k in range(KSTEPS):
-                it = m * KSTEPS + k
-                if m == 0:  # K columns past in_f meet zero x columns (TMA fill): no mask needed
-                    slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(DT))
-                    fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
-                    gl.thread_barrier()
-                    c += c_step
-                s = it % STAGES
-                mbarrier.wait(bars.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(slab.index(k), x_s.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                nxt = it + STAGES - 1  # its slot was read by wgmma it - 1, complete now
-                sn = nxt % STAGES
-                mbarrier.expect(bars.index(sn), x_desc.block_type.nbytes, pred=nxt < total)
-                tma.async_copy_global_to_shared(x_desc, [(nxt // KSTEPS) * BB, (nxt % KSTEPS) * BK],
-                                                bars.index(sn), x_s.index(sn), pred=nxt < total)
+            if DEFER_STORE:  # K step 0 first: the previous tile's stores then drain behind its wgmma
+                acc, c = _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, 0, total, KSTEPS, STAGES)
+                if m > 0:
+                    _store_tile(prev, prev_base, oo, (m - 1) * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0,
+                                sigma, ANTITHETIC)
+            base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)  # in flight during the K loop
+            for k in range(1 if DEFER_STORE else 0, KSTEPS):
+                acc, c = _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, k, total, KSTEPS, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if HAS_BIAS:
                 acc = acc + nb[:, None]
-            if not BASE_EARLY:
-                base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)
-            _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+            if DEFER_STORE:
+                prev, prev_base = acc, base
+            else:
+                _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
+        if DEFER_STORE:
+            _store_tile(prev, prev_base, oo, (n_m - 1) * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma,
+                        ANTITHETIC)
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -294,7 +324,7 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     if _use_noise_slab(x, seeds.numel() * n_tiles):
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
             *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
-            STAGES=SLAB_STAGES, BASE_EARLY=antithetic and SLAB_BASE_EARLY_ANTITHETIC, num_warps=SLAB_WARPS)
+            STAGES=SLAB_STAGES, DEFER_STORE=not antithetic, num_warps=SLAB_WARPS)
         return
     _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
         *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
