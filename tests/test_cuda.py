@@ -121,7 +121,7 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
     if kernel == "noise_slab":
         monkeypatch.setattr(large, "SLAB_MIN_PROGRAMS_PER_SM", 0)
     else:
-        monkeypatch.setattr(large, "_use_noise_slab", lambda x, programs: False)
+        monkeypatch.setattr(large, "_noise_slab_stages", lambda x, programs: 0)
 
     g = torch.Generator().manual_seed(batch + in_f)
     m = 3

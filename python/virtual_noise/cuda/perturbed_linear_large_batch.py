@@ -58,7 +58,9 @@ from .device_info import compute_capability, max_shared_memory, sm_count
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
-SLAB_STAGES, SLAB_WARPS = 3, 8  # the noise-slab kernel (ninth session's sweep)
+SLAB_WARPS = 8  # the noise-slab kernel (ninth session's sweep)
+SLAB_STAGES = (4, 3)  # its x-ring depths, the first that fits beside the slab; 4 over 3 (thirteenth session):
+# fp32 +4-8% plain, +4-15% antithetic (in_f 256 / 384), 16-bit -2% to +5%; 5 stages measured no faster than 4
 SLAB_MIN_PROGRAMS_PER_SM = 1  # fewer programs than SMs: the per-tile grid (x batch tiles) fills more SMs;
 # measured inconclusive at P=16-32, B=1024 (0.1-0.25 ms calls, +-30% between rounds)
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
@@ -300,16 +302,20 @@ def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic)
     return True
 
 
-def _use_noise_slab(x, programs: int) -> bool:
-    """Whether _noise_slab_kernel serves this x: several batch tiles to reuse the slab over, the
-    slab plus a 3-stage x ring within the device's shared memory per program (fp32 in_f <= 512,
-    16-bit <= 1024 on an H200; a 2-stage ring measured 28% slower in a 4-warp version),
-    and at least one program per SM (fewer leave SMs idle that the per-tile grid would use)."""
+def _noise_slab_stages(x, programs: int) -> int:
+    """The x-ring depth _noise_slab_kernel serves this x with, or 0 where it does not: it needs
+    several batch tiles to reuse the slab over, the slab plus an x ring of at least 3 stages
+    within the device's shared memory per program (fp32 in_f <= 512, 16-bit <= 1024 on an
+    H200; a 2-stage ring measured 28% slower in a 4-warp version), and at least one program
+    per SM (fewer leave SMs idle that the per-tile grid would use)."""
     batch, in_f = x.shape
+    if batch <= BB or programs < SLAB_MIN_PROGRAMS_PER_SM * sm_count(x.device):
+        return 0
     es, bk = x.element_size(), 128 // x.element_size()
-    smem = (BO * triton.cdiv(in_f, bk) + SLAB_STAGES * BB) * bk * es + 1024  # + barriers
-    return (batch > BB and smem <= max_shared_memory(x.device)
-            and programs >= SLAB_MIN_PROGRAMS_PER_SM * sm_count(x.device))
+    for stages in SLAB_STAGES:
+        if (BO * triton.cdiv(in_f, bk) + stages * BB) * bk * es + 1024 <= max_shared_memory(x.device):  # + barriers
+            return stages
+    return 0
 
 
 def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
@@ -321,10 +327,11 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     n_tiles = triton.cdiv(out_f, BO)
     args = (x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
             float(sigma), w_offset, b_offset, n_tiles)
-    if _use_noise_slab(x, seeds.numel() * n_tiles):
+    slab_stages = _noise_slab_stages(x, seeds.numel() * n_tiles)
+    if slab_stages:
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
             *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
-            STAGES=SLAB_STAGES, DEFER_STORE=not antithetic, num_warps=SLAB_WARPS)
+            STAGES=slab_stages, DEFER_STORE=not antithetic, num_warps=SLAB_WARPS)
         return
     _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
         *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
