@@ -21,9 +21,10 @@ with x tiles streaming in through a TMA ring:
   bf16 / fp16 +42% (+38%). The fp32 row stays near half the tf32 rate. It is
   not bound by L2 bandwidth (Nsight Compute: 31-34% of it) nor by the x tiles
   it re-reads (a 128-output variant was slower) but by latency, at 0.4
-  eligible warps per scheduler. The likely wait is the x ring: beside the
-  slab only 3 stages fit, two K steps (~0.6 us) of x in flight (RESULTS.md,
-  thirteenth session).
+  eligible warps per scheduler. The likely wait is the x ring: beside its
+  128 KiB slab only 3 stages fit, two K steps (~0.6 us) of x in flight;
+  smaller slabs take 4, which measured 4-15% faster (RESULTS.md, thirteenth
+  session).
 
 Same noise, same float32 accumulation order over K and same tf32 / 16-bit
 operand rounding as the tl.dot kernel (the GPU tests check the outputs are
