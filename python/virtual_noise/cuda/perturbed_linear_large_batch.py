@@ -224,7 +224,8 @@ if gluon is not None:
         t = gl.program_id(0) % n_tiles
         key = seed_key(gl.load(seeds_ptr + u))
         i0 = (u * 2 if ANTITHETIC else u).to(gl.int64)
-        total = gl.cdiv(batch, BB) * KSTEPS  # x tiles, batch tile major
+        n_m = gl.cdiv(batch, BB)  # batch tiles
+        total = n_m * KSTEPS  # x tiles, batch tile major
 
         slab = gl.allocate_shared_memory(DT, [KSTEPS, BO, BK], x_desc.layout)
         x_s = gl.allocate_shared_memory(DT, [STAGES, BB, BK], x_desc.layout)
@@ -241,7 +242,6 @@ if gluon is not None:
         if HAS_BIAS:
             nb = noise_at(key, b_offset + oo.to(gl.int64))
 
-        n_m = gl.cdiv(batch, BB)
         prev = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)  # DEFER_STORE: the last tile, not yet stored
         prev_base = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
         for m in range(n_m):
