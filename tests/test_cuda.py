@@ -108,14 +108,20 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
     from virtual_noise.cuda import perturbed_linear_large_batch as large
 
     # These populations are too small for the launcher's own choice of the noise-slab
-    # kernel (one program per SM): force it, or keep it off, and check which one ran.
-    slab_grids = []
+    # kernel (one program per SM): force it, or keep it off, and check which one ran
+    # and with which x-ring depth.
+    slab_stages = []
     real_slab = large._noise_slab_kernel
 
     class Spy:
         def __getitem__(self, grid):
-            slab_grids.append(grid)
-            return real_slab[grid]
+            launch = real_slab[grid]
+
+            def run(*args, **kwargs):
+                slab_stages.append(kwargs["STAGES"])
+                return launch(*args, **kwargs)
+
+            return run
 
     monkeypatch.setattr(large, "_noise_slab_kernel", Spy())
     if kernel == "noise_slab":
@@ -141,7 +147,12 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
     try:
         assert large.applies(xc, "tf32" if dtype == torch.float32 else "ieee")
         y = call(xc)
-        assert bool(slab_grids) == (kernel == "noise_slab")
+        if kernel == "noise_slab":
+            # 4 stages fit beside every slab here but fp32's at 512 inputs (128 KiB + 4 x 32 KiB
+            # of x exceeds Hopper's 227 KiB per program), which takes 3.
+            assert slab_stages == [3 if dtype == torch.float32 and in_f == 512 else 4]
+        else:
+            assert slab_stages == []
         tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
         ref = perturbed_linear_ref(x, w, b, s, sigma, offset, antithetic)
         torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
