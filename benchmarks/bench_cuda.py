@@ -217,21 +217,25 @@ def run(quick: bool):
     return roof, tf32, rows, records
 
 
-def plot(records, path):
+def plot(records, path, roof=None):
+    """Horizontal bars, one row per table row, so that every shape label stays readable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r["kind"].replace("weight ", "") + "\n" + r["shape"] + ("\nanti" if r["antithetic"] else "") for r in records]
-    fig, ax = plt.subplots(figsize=(max(8, len(records) * 0.9), 4.5))
-    xs = range(len(records))
-    ax.bar([x - 0.2 for x in xs], [r["g_el_s"] for r in records], width=0.4, label="virtual_noise (Triton)")
-    ax.bar([x + 0.2 for x in xs], [r["naive_g_el_s"] or 0 for r in records], width=0.4, label="naive materialized (0 = OOM or not run)")
-    ax.set_xticks(list(xs), labels, fontsize=6)
-    ax.set_ylabel("G noise elements / s")
+    labels = [f"{r['kind']}{' antithetic' if r['antithetic'] else ''}  {r['shape']}" for r in records]
+    ys = list(range(len(records)))[::-1]  # first row on top, as in the table
+    fig, ax = plt.subplots(figsize=(10, 0.38 * len(records) + 2))
+    ax.barh([y + 0.2 for y in ys], [r["g_el_s"] for r in records], height=0.4, label="virtual_noise (Triton)")
+    ax.barh([y - 0.2 for y in ys], [r["naive_g_el_s"] or 0 for r in records], height=0.4,
+            label="naive materialized (no bar: out of memory)")
+    if roof is not None:
+        ax.axvline(roof, color="k", linestyle="--", linewidth=1, label=f"splitmix64 generation roof ({roof:.0f})")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlabel("G noise elements / s (antithetic rows count both members)")
     ax.set_title("virtual_noise on H200: throughput vs shape")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -254,7 +258,7 @@ def main():
         f.write(text)
     with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
         json.dump({"roof_g_el_s": roof, "tf32_tflops": tf32, "rows": records}, f, indent=1)
-    plot(records, os.path.join(args.out, "bench_cuda.png"))
+    plot(records, os.path.join(args.out, "bench_cuda.png"), roof["splitmix64 hash+reduce"])
 
 
 if __name__ == "__main__":
