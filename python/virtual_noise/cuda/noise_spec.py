@@ -41,10 +41,11 @@ def counter_offset(e):
 @triton.jit
 def noise_from_counter(c):
     """float32 noise in [-0.5, 0.5) from uint64 counters key + counter_offset(e)."""
-    # Bits 8..31 kept in place rather than shifted down: (h ^ (h >> 31)) & mask is then one
-    # LOP3 after the funnel shift, one instruction per element fewer (sm_90 SASS) than the
-    # shift-down form. Their 24 significant bits convert to float32 exactly, and scaling by
-    # 2^-32 is exact, so the value is the spec's ((h & 0xFFFFFFFF) >> 8) * 2^-24 - 0.5.
+    # Bits 8..31 kept in place rather than shifted down: mix64's last xor-shift and the mask,
+    # (z ^ (z >> 31)) & mask, are then one LOP3 after the funnel shift, one instruction per
+    # element fewer (sm_90 SASS) than the shift-down form. 24 significant bits convert to
+    # float32 exactly and the 2^-32 scale is exact, so the value is the spec's
+    # ((h & 0xFFFFFFFF) >> 8) * 2^-24 - 0.5 bit for bit.
     top24 = (mix64(c) & 0xFFFFFF00).to(tl.uint32)
     return top24.to(tl.float32) * 2.3283064365386963e-10 - 0.5
 
