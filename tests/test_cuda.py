@@ -75,6 +75,25 @@ def test_per_individual_base_paths(antithetic, precision):
         torch.set_float32_matmul_precision(old)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_cublas_base_16bit(dtype, with_bias):
+    """The shared part x @ W^T + b for 16-bit x: cuBLAS on the 16-bit operands with a float32
+    result, which must hold float32 accuracy (exact products, float32 sums) like the casts did."""
+    from virtual_noise.cuda import perturbed_linear as lin
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 700, generator=g).to(dtype)
+    w = torch.randn(150, 700, generator=g).to(dtype)
+    b = torch.randn(150, generator=g).to(dtype) if with_bias else None
+    base = lin._cublas_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None)
+    assert base.dtype == torch.float32 and base.shape == (37, 150)
+    ref = x.double() @ w.double().t() + (b.double() if with_bias else 0)
+    # float32 sums of 700 exact products of magnitude ~1 (sums up to ~100): errors ~1e-5, at
+    # worst ~1e-3; a 16-bit rounding of the result would be off by ~1e-2 (fp16) to ~1e-1 (bf16).
+    assert (base.cpu().double() - ref).abs().max().item() < 1e-3
+
+
 def test_tf32_precision_follows_torch_setting():
     g = torch.Generator().manual_seed(0)
     s = seeds_for(2, g).cuda()
