@@ -92,6 +92,16 @@ def test_cublas_base_16bit(dtype, with_bias):
     # float32 sums of 700 exact products of magnitude ~1 (sums up to ~100): errors ~1e-5, at
     # worst ~1e-3; a 16-bit rounding of the result would be off by ~1e-2 (fp16) to ~1e-1 (bf16).
     assert (base.cpu().double() - ref).abs().max().item() < 1e-3
+    # The same call captured in a CUDA graph (the out_dtype GEMM included) replays the eager bits.
+    xc, wc, bc = x.cuda(), w.cuda(), b.cuda() if with_bias else None
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        lin._cublas_base(xc, wc, bc)
+        with torch.cuda.graph(graph):
+            captured = lin._cublas_base(xc, wc, bc)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, base)
 
 
 def test_tf32_precision_follows_torch_setting():
