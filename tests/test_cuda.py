@@ -89,8 +89,9 @@ def test_cublas_base_16bit(dtype, with_bias):
     base = lin._cublas_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None)
     assert base.dtype == torch.float32 and base.shape == (37, 150)
     ref = x.double() @ w.double().t() + (b.double() if with_bias else 0)
-    # float32 sums of 700 exact products of magnitude ~1 (sums up to ~100): errors ~1e-5, at
-    # worst ~1e-3; a 16-bit rounding of the result would be off by ~1e-2 (fp16) to ~1e-1 (bf16).
+    # float32 sums of 700 exact products of magnitude ~1 (sums of magnitude ~26): errors of
+    # ~1e-5, and 1e-3 leaves 100x of room; a 16-bit rounding of those sums would be off by up to
+    # ~8e-3 (fp16) or ~6e-2 (bf16).
     assert (base.cpu().double() - ref).abs().max().item() < 1e-3
     # The same call captured in a CUDA graph (the out_dtype GEMM included) replays the eager bits.
     xc, wc, bc = x.cuda(), w.cuda(), b.cuda() if with_bias else None
