@@ -86,7 +86,8 @@ def test_cublas_base_16bit(dtype, with_bias):
     x = torch.randn(37, 700, generator=g).to(dtype)
     w = torch.randn(150, 700, generator=g).to(dtype)
     b = torch.randn(150, generator=g).to(dtype) if with_bias else None
-    base = lin._cublas_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None)
+    xc, wc, bc = x.cuda(), w.cuda(), b.cuda() if with_bias else None
+    base = lin._cublas_base(xc, wc, bc)
     assert base.dtype == torch.float32 and base.shape == (37, 150)
     ref = x.double() @ w.double().t() + (b.double() if with_bias else 0)
     # float32 sums of 700 exact products of magnitude ~1 (sums of magnitude ~26): errors of
@@ -94,7 +95,6 @@ def test_cublas_base_16bit(dtype, with_bias):
     # ~8e-3 (fp16) or ~6e-2 (bf16).
     assert (base.cpu().double() - ref).abs().max().item() < 1e-3
     # The same call captured in a CUDA graph (the out_dtype GEMM included) replays the eager bits.
-    xc, wc, bc = x.cuda(), w.cuda(), b.cuda() if with_bias else None
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
         lin._cublas_base(xc, wc, bc)

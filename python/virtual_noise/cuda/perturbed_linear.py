@@ -175,14 +175,13 @@ def _cublas_base(x2, weight, bias, out=None):
     layout, and the same values must give the same bits whatever their strides.
     """
     if out is None and x2.is_cuda and x2.dtype in (torch.float16, torch.bfloat16):
-        x2, wt = x2.contiguous(), weight.contiguous().t()
-        if bias is not None:
-            return torch.addmm(bias, x2, wt, out_dtype=torch.float32)
-        return torch.mm(x2, wt, out_dtype=torch.float32)
-    x2, wt = x2.float(), weight.float().t()
+        x2, wt, result = x2.contiguous(), weight.contiguous().t(), {"out_dtype": torch.float32}
+    else:
+        x2, wt, result = x2.float(), weight.float().t(), {"out": out}
+        bias = bias.float() if bias is not None else None
     if bias is not None:
-        return torch.addmm(bias.float(), x2, wt, out=out)
-    return torch.mm(x2, wt, out=out)
+        return torch.addmm(bias, x2, wt, **result)
+    return torch.mm(x2, wt, **result)
 
 
 def _base_in_out(x, out) -> bool:
