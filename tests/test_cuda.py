@@ -105,6 +105,64 @@ def test_cublas_base_16bit(dtype, with_bias):
     assert torch.equal(captured, base)
 
 
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "highest"), (torch.float32, "high"),
+                                             (torch.float16, "high"), (torch.bfloat16, "high")])
+@pytest.mark.parametrize("batch", [1, 37, 128, 129])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_shared_base(dtype, precision, batch, with_bias):
+    """x @ W^T + b for shared x (_shared_base_kernel up to batch 128, which the forward kernel
+    follows programmatically dependent on Hopper; cuBLAS above) against float64, at the
+    precision it promises: float32 sums for float32 "highest" and 16-bit operands, tf32
+    products for "high"."""
+    from virtual_noise.cuda import perturbed_linear as lin
+    from virtual_noise.cuda.device_info import fp32_dot_precision
+
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(batch, 700, generator=g).to(dtype)
+    w = torch.randn(150, 700, generator=g).to(dtype)
+    b = torch.randn(150, generator=g).to(dtype) if with_bias else None
+    ref = x.double() @ w.double().t() + (b.double() if with_bias else 0)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        dot = fp32_dot_precision(torch.device("cuda")) if dtype == torch.float32 else "ieee"
+        base, pdl = lin._shared_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None, dot)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert base.dtype == torch.float32 and base.shape == (batch, 150)
+    assert pdl == (batch <= 128 and torch.cuda.get_device_capability()[0] >= 9)
+    err = (base.cpu().double() - ref).abs().max().item()
+    # Sums of 700 products of magnitude ~1 (|sum| ~26): float32 sums err ~1e-5; tf32 operands
+    # (11-bit significands) ~0.03 typical, up to ~0.15 over these outputs, which the 1e-3 bound
+    # would catch.
+    assert err < (0.3 if (dtype == torch.float32 and precision == "high") else 1e-3), err
+
+
+def test_forward_waits_for_its_inputs():
+    """On Hopper the forward kernel starts before the base GEMM ends (PDL) and waits for the
+    base only in its epilogue. x written by the kernel just before, and the base, must still be
+    read complete: calls enqueued back to back on fresh x each time (the allocator reuses the
+    memory, so a read of stale or half-written x or base would show) give the bits of the same
+    calls made one at a time with a synchronize around each."""
+    g = torch.Generator().manual_seed(12)
+    s = seeds_for(256, g).cuda()
+    x0 = torch.randn(64, 784, generator=g).cuda()
+    w, b = torch.randn(256, 784, generator=g).cuda() / 28, torch.randn(256, generator=g).cuda()
+
+    def call(i):
+        return vn.virtual_perturbed_linear(x0 * (i + 1) - i, w, b, s, 0.1, 3, antithetic=i % 2 == 1)
+
+    want = []
+    for i in range(12):
+        torch.cuda.synchronize()
+        want.append(call(i))
+        torch.cuda.synchronize()
+    got = [call(i) for i in range(12)]
+    torch.cuda.synchronize()
+    for i in range(12):
+        assert torch.equal(got[i], want[i]), i
+
+
 def test_tf32_precision_follows_torch_setting():
     g = torch.Generator().manual_seed(0)
     s = seeds_for(2, g).cuda()

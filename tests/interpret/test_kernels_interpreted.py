@@ -57,6 +57,20 @@ def test_perturbed_linear(dtype, shared, antithetic, with_bias, in_f):
     torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("batch", [1, 5, 33])
+def test_shared_base_kernel(dtype, batch):
+    """The shared part x @ W^T + b from _shared_base_kernel (batches up to 128), float32 sums."""
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(40, batch, generator=g).to(dtype).t()  # strided x: (batch, 40)
+    w, b = torch.randn(70, 40, generator=g).to(dtype), torch.randn(70, generator=g).to(dtype)
+    for bias in (b, None):
+        base, pdl = lin._shared_base(x, w, bias, "ieee")
+        assert base.dtype == torch.float32 and base.shape == (batch, 70) and not pdl  # no PDL off-GPU
+        want = x.double() @ w.double().t() + (bias.double() if bias is not None else 0)
+        torch.testing.assert_close(base.double(), want, rtol=1e-5, atol=1e-4)
+
+
 def test_perturbed_linear_strided_and_tiny():
     g = torch.Generator().manual_seed(1)
     s = seeds_for(4, g)

@@ -275,9 +275,9 @@ def applies(x: torch.Tensor, precision: str) -> bool:
     (tf32 or 16-bit inputs), a batch over 128 and a TMA-compatible x (16-byte
     aligned base and row stride, unit inner stride).
     """
-    if gluon is None or _failed or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if compute_capability(x.device)[0] != 9 or x.shape[0] <= 128:
+    if x.shape[0] <= 128 or gluon is None or _failed or not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False  # the batch first: the cheapest check, and it decides the B <= 128 calls
+    if compute_capability(x.device)[0] != 9:
         return False
     if x.dtype == torch.float32 and precision != "tf32":
         return False
