@@ -130,7 +130,7 @@ def test_shared_base(dtype, precision, batch, with_bias):
     finally:
         torch.set_float32_matmul_precision(old)
     assert base.dtype == torch.float32 and base.shape == (batch, 150)
-    assert pdl == (batch <= 128 and torch.cuda.get_device_capability()[0] >= 9)
+    assert pdl == (batch <= 128 and torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None)
     err = (base.cpu().double() - ref).abs().max().item()
     # Sums of 700 products of magnitude ~1 (|sum| ~26): float32 sums err ~1e-5; tf32 operands
     # (11-bit significands) ~0.03 typical, up to ~0.15 over these outputs, which the 1e-3 bound

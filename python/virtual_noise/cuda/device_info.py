@@ -41,6 +41,11 @@ def compute_capability(device: torch.device) -> tuple[int, int]:
     return props.major, props.minor
 
 
+def supports_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (griddepcontrol): NVIDIA GPUs of compute capability 9.0 and later."""
+    return device.type == "cuda" and torch.version.hip is None and compute_capability(device)[0] >= 9
+
+
 def fp32_dot_precision(device: torch.device) -> str:
     """tl.dot input precision for float32 inputs, following torch's matmul precision.
 

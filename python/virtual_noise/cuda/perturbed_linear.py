@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from . import perturbed_linear_large_batch as _large_batch
-from .device_info import compute_capability, fp32_dot_precision
+from .device_info import fp32_dot_precision, supports_pdl
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 
@@ -230,16 +230,16 @@ def _shared_base(x, weight, bias, precision):
     launch at once (PDL), so the forward's K loops run beside this small GEMM instead of after
     it, and the forward waits for the base only in its epilogue. Measured on an H200 side by
     side against the cuBLAS GEMM it replaces (RESULTS.md, sixteenth session): +1.7% to +4.4% on
-    the float32 B=64 rows, +2.5% to +5.0% bf16. Its float32 precision follows the forward's: tf32
+    the float32 B=64 rows but P=16384 512->2048 (-0.1%, a 27 ms call), +2.5% to +5.0% bf16. Its float32 precision follows the forward's: tf32
     at "high", float32 products and sums at "highest" (as cuBLAS). The interpreter runs it too
     (without PDL), so CI covers it. Larger batches, where this GEMM is a smaller part of the
     call, and older GPUs take cuBLAS.
     """
     batch, in_f = x.shape
-    if batch > 128 or (x.is_cuda and compute_capability(x.device)[0] < 9):
+    pdl = supports_pdl(x.device)
+    if batch > 128 or (x.is_cuda and not pdl):
         return _cublas_base(x, weight, bias), False
     out_f = weight.shape[0]
-    pdl = x.is_cuda
     base = torch.empty(batch, out_f, dtype=torch.float32, device=x.device)
     _shared_base_kernel[(triton.cdiv(out_f, BASE_BN),)](
         x, weight, bias if bias is not None else weight, base, batch, in_f, out_f,
