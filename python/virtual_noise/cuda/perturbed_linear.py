@@ -230,10 +230,10 @@ def _shared_base(x, weight, bias, precision):
     launch at once (PDL), so the forward's K loops run beside this small GEMM instead of after
     it, and the forward waits for the base only in its epilogue. Measured on an H200 side by
     side against the cuBLAS GEMM it replaces (RESULTS.md, sixteenth session): +1.7% to +4.4% on
-    the float32 B=64 rows but P=16384 512->2048 (-0.1%, a 27 ms call), +2.5% to +5.0% bf16. Its float32 precision follows the forward's: tf32
-    at "high", float32 products and sums at "highest" (as cuBLAS). The interpreter runs it too
-    (without PDL), so CI covers it. Larger batches, where this GEMM is a smaller part of the
-    call, and older GPUs take cuBLAS.
+    the float32 B=64 rows but P=16384 512->2048 (-0.1%, a 27 ms call), +2.5% to +5.0% bf16.
+    Its float32 precision follows the forward's: tf32 at "high", float32 products and sums at
+    "highest" (as cuBLAS). The interpreter runs it too (without PDL), so CI covers it. Larger
+    batches, where this GEMM is a smaller part of the call, and older GPUs take cuBLAS.
     """
     batch, in_f = x.shape
     pdl = supports_pdl(x.device)
