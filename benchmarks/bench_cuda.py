@@ -29,7 +29,12 @@ import virtual_noise as vn  # noqa: E402
 from virtual_noise.cuda.noise_spec import counter_offset, noise_from_counter, seed_key  # noqa: E402
 
 MiB = 2**20
-ROOF_PROGRAMS = 132 * 16  # 16 programs per H200 SM for the generation roof kernels
+ROOF_PROGRAMS_PER_SM = 16  # enough resident warps for the generation roof kernels to fill every SM
+
+
+def roof_programs() -> int:
+    """Programs of the generation roof kernels: ROOF_PROGRAMS_PER_SM on every SM of this GPU."""
+    return ROOF_PROGRAMS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):
@@ -109,7 +114,7 @@ def _roof_philox(out_ptr, n_per_prog, BLOCK: tl.constexpr):
 
 
 def roofs():
-    progs, per = ROOF_PROGRAMS, 2**20
+    progs, per = roof_programs(), 2**20
     out = torch.empty(progs, device="cuda")
     res = {}
     for name, kern in [("splitmix64 hash+reduce", _roof_splitmix), ("tl.rand (Philox)", _roof_philox)]:
@@ -187,7 +192,8 @@ def run(quick: bool):
         rows.append([kind + (" antithetic" if anti else ""), shape, f"{ms:.3f}", f"{ms1:.3f}", f"{rate:.0f}", f"{rec['roof_frac']:.0%}",
                      f"{mem:.1f}", "OOM" if nms is None else f"{nms:.2f}",
                      "OOM" if nms is None else f"{rec['naive_g_el_s']:.0f}", "-" if nms is None else f"{rec['speedup']:.1f}x",
-                     "" if flops is None else f"{rec['tflops']:.0f} TFLOP/s = {rec['tf32_frac']:.0%} of tf32"])
+                     "" if flops is None else f"{rec['tflops']:.0f} TFLOP/s = {rec['tf32_frac']:.0%} of tf32"
+                     + (" (both members counted)" if anti else "")])
 
     for P, B, i, o, per in FORWARD[:2] if quick else FORWARD:
         w = torch.randn(o, i, device="cuda", generator=g)
@@ -217,7 +223,7 @@ def run(quick: bool):
     return roof, tf32, rows, records
 
 
-def plot(records, path, roof=None):
+def plot(records, path, roof=None, device="GPU"):
     """Horizontal bars, one row per table row, so that every shape label stays readable."""
     import matplotlib
 
@@ -234,7 +240,7 @@ def plot(records, path, roof=None):
         ax.axvline(roof, color="k", linestyle="--", linewidth=1, label=f"splitmix64 generation roof ({roof:.0f})")
     ax.set_yticks(ys, labels, fontsize=8)
     ax.set_xlabel("G noise elements / s (antithetic rows count both members)")
-    ax.set_title("virtual_noise on H200: throughput vs shape")
+    ax.set_title(f"virtual_noise on {device}: throughput vs shape")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -258,7 +264,7 @@ def main():
         f.write(text)
     with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
         json.dump({"roof_g_el_s": roof, "tf32_tflops": tf32, "rows": records}, f, indent=1)
-    plot(records, os.path.join(args.out, "bench_cuda.png"), roof["splitmix64 hash+reduce"])
+    plot(records, os.path.join(args.out, "bench_cuda.png"), roof["splitmix64 hash+reduce"], torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_cuda import ROOF_PROGRAMS, _roof_splitmix  # noqa: E402
+from bench_cuda import _roof_splitmix, roof_programs  # noqa: E402
 
 import virtual_noise as vn  # noqa: E402
 
@@ -22,6 +22,6 @@ x, w, b = torch.randn(B, I, device="cuda"), torch.randn(O, I, device="cuda"), to
 seeds = torch.arange(P, device="cuda")
 for _ in range(2):
     vn.virtual_perturbed_linear(x, w, b, seeds, 0.02, 0)
-out = torch.empty(ROOF_PROGRAMS, device="cuda")
-_roof_splitmix[(ROOF_PROGRAMS,)](out, 2**16, BLOCK=1024, num_warps=8)
+out = torch.empty(roof_programs(), device="cuda")
+_roof_splitmix[(roof_programs(),)](out, 2**16, BLOCK=1024, num_warps=8)
 torch.cuda.synchronize()
