@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import machine_line, markdown_table  # noqa: E402
 
 import virtual_noise as vn  # noqa: E402
+from virtual_noise.cuda.device_info import sm_count  # noqa: E402
 from virtual_noise.cuda.noise_spec import counter_offset, noise_from_counter, seed_key  # noqa: E402
 
 MiB = 2**20
@@ -34,7 +35,7 @@ ROOF_PROGRAMS_PER_SM = 16  # enough resident warps for the generation roof kerne
 
 def roof_programs() -> int:
     """Programs of the generation roof kernels: ROOF_PROGRAMS_PER_SM on every SM of this GPU."""
-    return ROOF_PROGRAMS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    return ROOF_PROGRAMS_PER_SM * sm_count(torch.device("cuda"))
 
 
 def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):

@@ -22,6 +22,7 @@ x, w, b = torch.randn(B, I, device="cuda"), torch.randn(O, I, device="cuda"), to
 seeds = torch.arange(P, device="cuda")
 for _ in range(2):
     vn.virtual_perturbed_linear(x, w, b, seeds, 0.02, 0)
-out = torch.empty(roof_programs(), device="cuda")
-_roof_splitmix[(roof_programs(),)](out, 2**16, BLOCK=1024, num_warps=8)
+programs = roof_programs()
+out = torch.empty(programs, device="cuda")
+_roof_splitmix[(programs,)](out, 2**16, BLOCK=1024, num_warps=8)
 torch.cuda.synchronize()
