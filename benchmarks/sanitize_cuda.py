@@ -33,6 +33,10 @@ for dtype in (torch.float32, torch.bfloat16):
     many = torch.arange(150, device="cuda") - 75
     vn.virtual_perturbed_linear(x, w, b, many, 0.1, 3, antithetic=True)
     vn.virtual_perturbed_linear(x, w, None, many, 0.1, 3)
+# The noise-slab kernel with its x ring wrapping (16 K steps x 5 batch tiles over 6 slots), partial
+# last batch tile, an odd number of tiles (role 0 takes 3, role 1 two).
+x, w = torch.randn(520, 512, device="cuda"), torch.randn(19, 512, device="cuda")
+vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), many, 0.1, 3, antithetic=True)
 f = torch.randn(6, device="cuda")
 vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
 vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)

@@ -14,17 +14,17 @@ with x tiles streaming in through a TMA ring:
 - _noise_slab_kernel, one program per (individual, output tile) looping over
   the batch tiles: the first batch tile hashes the whole BO x in_f noise slab
   into shared memory, later ones reuse it, so each noise element is hashed
-  once instead of once per 256 batch rows. It serves batches over 256 whose
-  slab fits beside the x ring (fp32 in_f <= 512, 16-bit <= 1024 on an H200)
-  when there is at least one program per SM. Side by side with the per-tile
-  kernel (ninth session): P=256 B=1024 512->512 fp32 +5% (antithetic +45%),
-  bf16 / fp16 +42% (+38%). The fp32 row stays near half the tf32 rate. It is
-  not bound by L2 bandwidth (Nsight Compute: 31-34% of it) nor by the x tiles
-  it re-reads (a 128-output variant was slower) but by latency, at 0.4
-  eligible warps per scheduler. The likely wait is the x ring: beside its
-  128 KiB slab only 3 stages fit, two K steps (~0.6 us) of x in flight;
-  smaller slabs take 4, which measured 4-15% faster (RESULTS.md, thirteenth
-  session).
+  once instead of once per batch tile. Two warpgroups take alternate 128-row
+  batch tiles in ping-pong: their K loops take turns, so one's epilogue (base
+  loads, output stores) overlaps the other's wgmmas. It serves batches over
+  256 whose slab fits beside an x ring of at least 3 stages (fp32 in_f <= 704,
+  16-bit <= 1408 in Hopper's 227 KiB) when there is at least one program per SM.
+  Measured on an H100 side by side with the kernel it replaced (one of 8 warps
+  splitting 256-row tiles, both warpgroups in their K loops or epilogues
+  together; benchmarks/RESULTS.md, twenty-third session): P=256 B=1024
+  512->512 fp32 +19-20% (antithetic +16-18%), P=1024 B=300 256->256 +31-36%,
+  bf16 +5-9%. Before, the fp32 B=1024 row lost ~0.2 ms of its 0.76 to
+  epilogues that no wgmma overlapped (ninth session).
 
 Same noise, same float32 accumulation order over K and same tf32 / 16-bit
 operand rounding as the tl.dot kernel (the GPU tests check the outputs are
@@ -32,10 +32,11 @@ bit-identical). Gluon is not run by TRITON_INTERPRET, so this path is taken on
 sm_90 GPUs only; elsewhere (and for "highest" fp32 precision, tf32x3, which
 wgmma has no single-instruction form of) the tl.dot kernel runs.
 
-Why not warp-specialized (hash warps filling a shared noise ring for a wgmma
-warpgroup): ptxas caps every partition at the launch register bound, so a CTA
-holding this 64x256 fp32 accumulator can have at most 12 warps. The variants
-that fit measured 5-61% slower (benchmarks/RESULTS.md, eighth session).
+Why not hash warps filling a shared noise ring for a wgmma warpgroup (the
+per-tile kernel's shape): ptxas caps every partition at the launch register
+bound, so a CTA holding a 64x256 fp32 accumulator can have at most 12 warps.
+The variants that fit measured 5-61% slower (benchmarks/RESULTS.md, eighth
+session). The noise-slab kernel's ping-pong needs only 8 warps.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ from .device_info import compute_capability, max_shared_memory, sm_count
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
-SLAB_WARPS = 8  # the noise-slab kernel (ninth session's sweep)
-SLAB_STAGES = (4, 3)  # its x-ring depths, the first that fits beside the slab; 4 over 3 (thirteenth session):
-# fp32 +4-8% plain, +4-15% antithetic (in_f 256 / 384), 16-bit -2% to +5%; 5 stages measured no faster than 4
+SLAB_BB = 128  # batch rows per noise-slab tile (each of its two warpgroups holds a 64 x 128 accumulator)
+SLAB_STAGES = (8, 3)  # its x ring: the deepest that fits beside the slab, at most 8 and at least 3
+SLAB_WORKER_REGS = 232  # registers of its worker warpgroup (the default one takes the rest of 256 x 8 warps)
 SLAB_MIN_PROGRAMS_PER_SM = 1  # fewer programs than SMs: the per-tile grid (x batch tiles) fills more SMs;
 # measured inconclusive at P=16-32, B=1024 (0.1-0.25 ms calls, +-30% between rounds)
 _failed = False  # set when this triton's Gluon rejects the kernel: the tl.dot kernel takes over
@@ -161,28 +162,93 @@ if gluon is not None:
         _store_tile(acc, base, oo, m0, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
 
     @gluon.jit
-    def _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, k, total,
-                     KSTEPS: gl.constexpr, STAGES: gl.constexpr):
-        """K step k of batch tile m in _noise_slab_kernel: on the first batch tile, hash slab k
-        (overlapping the previous step's wgmma); then issue its wgmma and refill the x ring."""
+    def _slab_x_load(x_desc, x_s, bars, it, total, KSTEPS: gl.constexpr, STAGES: gl.constexpr):
+        """TMA x tile `it` of the program's sequence (batch tile it // KSTEPS, K step it % KSTEPS) into
+        ring slot it % STAGES; tiles past the last are skipped."""
         BB: gl.constexpr = x_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
-        it = m * KSTEPS + k
-        if m == 0:  # K columns past in_f meet zero x columns (TMA fill): no mask needed
-            slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(x_desc.dtype))
-            fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
-            gl.thread_barrier()
-            c += c_step
         s = it % STAGES
-        mbarrier.wait(bars.index(s), (it // STAGES) & 1)
-        acc = warpgroup_mma(slab.index(k), x_s.index(s).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        nxt = it + STAGES - 1  # its slot was read by wgmma it - 1, complete now
-        sn = nxt % STAGES
-        mbarrier.expect(bars.index(sn), x_desc.block_type.nbytes, pred=nxt < total)
-        tma.async_copy_global_to_shared(x_desc, [(nxt // KSTEPS) * BB, (nxt % KSTEPS) * BK],
-                                        bars.index(sn), x_s.index(sn), pred=nxt < total)
-        return acc, c
+        mbarrier.expect(bars.index(s), x_desc.block_type.nbytes, pred=it < total)
+        tma.async_copy_global_to_shared(x_desc, [(it // KSTEPS) * BB, (it % KSTEPS) * BK], bars.index(s),
+                                        x_s.index(s), pred=it < total)
+
+    @gluon.jit
+    def _slab_hash_step(slab, k, c, lane_k, DT: gl.constexpr):
+        """Hash K step k of the noise slab into shared memory (counters c + lane_k); K columns past
+        in_f meet zero x columns (TMA fill), so they need no mask."""
+        slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(DT))
+        fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
+
+    @gluon.jit
+    def _slab_role(ROLE: gl.constexpr, x_desc, slab, x_s, bars, turn, slab_ready,
+                   base_ptr, out_ptr, seeds_ptr, batch, in_f, out_f, stride_op, stride_ob,
+                   sigma, w_offset, b_offset, n_tiles,
+                   HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+                   KSTEPS: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup of _noise_slab_kernel: batch tiles ROLE, ROLE + 2, ... of the program."""
+        BB: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        DT: gl.constexpr = x_desc.dtype
+        mma: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BB, 256 // DT.primitive_bitwidth])
+        hashing: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BK // 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[4, 1], order=[1, 0])
+        u = gl.program_id(0) // n_tiles
+        t = gl.program_id(0) % n_tiles
+        key = seed_key(gl.load(seeds_ptr + u))
+        i0 = (u * 2 if ANTITHETIC else u).to(gl.int64)
+        n_m = gl.cdiv(batch, BB)
+        total = n_m * KSTEPS  # x tiles, batch tile major, consumed in this order by the two roles in turn
+        if ROLE == 0:
+            for j in gl.static_range(STAGES):
+                _slab_x_load(x_desc, x_s, bars, j, total, KSTEPS, STAGES)
+
+        c, lane_k, c_step = _noise_counters(key, t, w_offset, in_f, BO, BK, hashing)
+        if ROLE == 1:  # the slab's odd K steps, each signalled to role 0's first K loop
+            c += c_step
+            for k in range(1, KSTEPS, 2):
+                _slab_hash_step(slab, k, c, lane_k, DT)
+                # Gluon lowers this to one thread's arrive after a barrier of the partition (sm_90 PTX),
+                # so every thread's stores and fence precede it.
+                mbarrier.arrive(slab_ready.index(k // 2), count=1)
+                c += c_step
+                c += c_step
+
+        oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
+        if HAS_BIAS:
+            nb = noise_at(key, b_offset + oo.to(gl.int64))
+        for j in range((n_m - ROLE + 1) // 2):
+            m = 2 * j + ROLE
+            base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)  # in flight while it waits
+            if ROLE == 1:
+                mbarrier.wait(turn.index(1), j & 1)  # role 0's j-th K loop is issued
+            else:
+                mbarrier.wait(turn.index(0), (j + 1) & 1, pred=j > 0)  # role 1's (j-1)-th
+            acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
+            for k in range(KSTEPS):
+                if ROLE == 0:
+                    if j == 0:  # the first batch tile: hash the even K steps, wait for the odd ones
+                        if k % 2 == 0:
+                            _slab_hash_step(slab, k, c, lane_k, DT)
+                            gl.thread_barrier()
+                            c += c_step
+                            c += c_step
+                        else:
+                            mbarrier.wait(slab_ready.index(k // 2), 0)
+                it = m * KSTEPS + k
+                mbarrier.wait(bars.index(it % STAGES), (it // STAGES) & 1)
+                acc = warpgroup_mma(slab.index(k), x_s.index(it % STAGES).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if k > 0:  # x tile it - 1's wgmma is complete: its slot takes tile it - 1 + STAGES
+                    _slab_x_load(x_desc, x_s, bars, it - 1 + STAGES, total, KSTEPS, STAGES)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other role's K loop may issue now
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            # This tile's last slot (the next tile's first wgmma may already be in flight, so the
+            # other role, which cannot tell when this one completes, leaves it to this one).
+            _slab_x_load(x_desc, x_s, bars, (m + 1) * KSTEPS - 1 + STAGES, total, KSTEPS, STAGES)
+            if HAS_BIAS:
+                acc = acc + nb[:, None]
+            _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
 
     @gluon.jit
     def _noise_slab_kernel(
@@ -190,82 +256,42 @@ if gluon is not None:
         batch, in_f, out_f, stride_op, stride_ob,
         sigma, w_offset, b_offset, n_tiles,
         HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
-        KSTEPS: gl.constexpr, STAGES: gl.constexpr, DEFER_STORE: gl.constexpr, num_warps: gl.constexpr,
+        KSTEPS: gl.constexpr, STAGES: gl.constexpr, WORKER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
-        """One program per (individual, output tile), looping over all batch tiles.
+        """One program per (individual, output tile), looping over all batch tiles in ping-pong.
 
-        The first batch tile hashes the BO x in_f noise slab into shared memory
-        (each K step's hash overlapping the previous step's wgmma); later batch
-        tiles read it back, so each noise element is hashed once per program
-        instead of once per batch tile. Two warpgroups split each tile's batch
-        rows and share the slab.
-
-        Each batch tile's base is loaded before its K loop, so the load's
-        latency hides behind the wgmmas instead of stalling the epilogue.
-        DEFER_STORE stores each tile's outputs after the next tile's first
-        wgmma is issued, so those stores drain while the tensor cores work.
-        Measured on an H200 (benchmarks/RESULTS.md, twelfth and thirteenth
-        sessions), each mode against the epilogue load and store:
-        - single individuals defer: fp32 +1-5%, bf16 +1-10%;
-        - antithetic pairs do not: their two tiles, held over, spill 128
-          bytes, and deferring measured 3-23% slower on 9 of 10 shapes. The
-          early base load alone gave them +2-6% fp32, +5-13% bf16.
+        The BO x in_f noise slab is hashed once into shared memory and read by
+        every batch tile. Two warpgroups (the default partition and one worker)
+        take alternate batch tiles, each with its own accumulator; their K loops
+        take turns (the `turn` mbarriers), so one warpgroup's epilogue (base
+        loads, output stores) runs while the other's wgmmas keep the tensor
+        cores busy. Both draw x tiles from one TMA ring in tile order. The slab
+        is hashed during the first tile: role 1 hashes the odd K steps while
+        role 0 hashes the even ones inside its K loop.
         """
         BB: gl.constexpr = x_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         DT: gl.constexpr = x_desc.dtype
-        mma: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, num_warps // 4],
-            instr_shape=[16, BB // (num_warps // 4), 256 // DT.primitive_bitwidth])
-        hashing: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BK // 8], threads_per_warp=[4, 8],
-                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
-
-        u = gl.program_id(0) // n_tiles
-        t = gl.program_id(0) % n_tiles
-        key = seed_key(gl.load(seeds_ptr + u))
-        i0 = (u * 2 if ANTITHETIC else u).to(gl.int64)
-        n_m = gl.cdiv(batch, BB)  # batch tiles
-        total = n_m * KSTEPS  # x tiles, batch tile major
-
+        NODD: gl.constexpr = (KSTEPS + 1) // 2  # slab_ready barriers: one per odd K step (at least one)
         slab = gl.allocate_shared_memory(DT, [KSTEPS, BO, BK], x_desc.layout)
         x_s = gl.allocate_shared_memory(DT, [STAGES, BB, BK], x_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        slab_ready = gl.allocate_shared_memory(gl.int64, [NODD, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(STAGES):
             mbarrier.init(bars.index(j), count=1)
-        for j in gl.static_range(STAGES - 1):
-            mbarrier.expect(bars.index(j), x_desc.block_type.nbytes, pred=j < total)
-            tma.async_copy_global_to_shared(x_desc, [(j // KSTEPS) * BB, (j % KSTEPS) * BK], bars.index(j),
-                                            x_s.index(j), pred=j < total)
-
-        c, lane_k, c_step = _noise_counters(key, t, w_offset, in_f, BO, BK, hashing)
-        oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
-        if HAS_BIAS:
-            nb = noise_at(key, b_offset + oo.to(gl.int64))
-
-        prev = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)  # DEFER_STORE: the last tile, not yet stored
-        prev_base = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
-        for m in range(n_m):
-            acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
-            if DEFER_STORE:  # K step 0 first: the previous tile's stores then drain behind its wgmma
-                acc, c = _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, 0, total, KSTEPS, STAGES)
-                if m > 0:
-                    _store_tile(prev, prev_base, oo, (m - 1) * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0,
-                                sigma, ANTITHETIC)
-            base = _load_base_tile(base_ptr, oo, m * BB, batch, out_f, BB, mma)  # in flight during the K loop
-            for k in range(1 if DEFER_STORE else 0, KSTEPS):
-                acc, c = _slab_k_step(acc, slab, x_s, bars, x_desc, c, c_step, lane_k, m, k, total, KSTEPS, STAGES)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            if HAS_BIAS:
-                acc = acc + nb[:, None]
-            if DEFER_STORE:
-                prev, prev_base = acc, base
-            else:
-                _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
-        if DEFER_STORE:
-            _store_tile(prev, prev_base, oo, (n_m - 1) * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma,
-                        ANTITHETIC)
-        for j in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(j))
+        for j in gl.static_range(2):
+            mbarrier.init(turn.index(j), count=1)
+        for j in gl.static_range(NODD):
+            mbarrier.init(slab_ready.index(j), count=1)
+        gl.warp_specialize([
+            (_slab_role, (0, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, batch, in_f,
+                          out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS, ANTITHETIC,
+                          BO, KSTEPS, STAGES)),
+            (_slab_role, (1, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, batch, in_f,
+                          out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS, ANTITHETIC,
+                          BO, KSTEPS, STAGES)),
+        ], [4], [WORKER_REGS])
 
 
 def applies(x: torch.Tensor, precision: str) -> bool:
@@ -305,18 +331,16 @@ def launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic)
 
 def _noise_slab_stages(x, programs: int) -> int:
     """The x-ring depth _noise_slab_kernel serves this x with, or 0 where it does not: it needs
-    several batch tiles to reuse the slab over, the slab plus an x ring of at least 3 stages
-    within the device's shared memory per program (fp32 in_f <= 512, 16-bit <= 1024 on an
-    H200; a 2-stage ring measured 28% slower in a 4-warp version), and at least one program
-    per SM (fewer leave SMs idle that the per-tile grid would use)."""
+    several batch tiles to reuse the slab over (batch > 256), the slab plus an x ring of at least
+    3 stages within the device's shared memory per program (fp32 in_f <= 704, 16-bit <= 1408 on
+    Hopper), and at least one program per SM (fewer leave SMs idle that the per-tile grid would use)."""
     batch, in_f = x.shape
     if batch <= BB or programs < SLAB_MIN_PROGRAMS_PER_SM * sm_count(x.device):
         return 0
     es, bk = x.element_size(), 128 // x.element_size()
-    for stages in SLAB_STAGES:
-        if (BO * triton.cdiv(in_f, bk) + stages * BB) * bk * es + 1024 <= max_shared_memory(x.device):  # + barriers
-            return stages
-    return 0
+    slab = BO * triton.cdiv(in_f, bk) * bk * es
+    stages = (max_shared_memory(x.device) - 1024 - slab) // (SLAB_BB * bk * es)  # 1 KiB: the mbarriers
+    return min(stages, SLAB_STAGES[0]) if stages >= SLAB_STAGES[1] else 0
 
 
 def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
@@ -324,15 +348,15 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     out_f = out.shape[-1]
     bk = 128 // x.element_size()  # 128-byte rows: the widest TMA / wgmma swizzle
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * x.element_size(), rank=2)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [BB, bk], layout)
     n_tiles = triton.cdiv(out_f, BO)
+    slab_stages = _noise_slab_stages(x, seeds.numel() * n_tiles)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [SLAB_BB if slab_stages else BB, bk], layout)
     args = (x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
             float(sigma), w_offset, b_offset, n_tiles)
-    slab_stages = _noise_slab_stages(x, seeds.numel() * n_tiles)
     if slab_stages:
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
             *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
-            STAGES=slab_stages, DEFER_STORE=not antithetic, num_warps=SLAB_WARPS)
+            STAGES=slab_stages, WORKER_REGS=SLAB_WORKER_REGS, num_warps=4)
         return
     _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
         *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
