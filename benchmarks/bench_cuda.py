@@ -114,20 +114,30 @@ def _roof_philox(out_ptr, n_per_prog, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-def roofs():
+def roof_call(kern=_roof_splitmix):
+    """(one launch of a generation roof kernel on every SM, the noise elements it generates)."""
     progs, per = roof_programs(), 2**20
     out = torch.empty(progs, device="cuda")
+    return (lambda: kern[(progs,)](out, per, BLOCK=1024, num_warps=8)), progs * per
+
+
+def roofs():
     res = {}
     for name, kern in [("splitmix64 hash+reduce", _roof_splitmix), ("tl.rand (Philox)", _roof_philox)]:
-        ms = cuda_median_ms(lambda: kern[(progs,)](out, per, BLOCK=1024, num_warps=8))
-        res[name] = progs * per / ms / 1e6  # G elements/s
+        fn, elements = roof_call(kern)
+        res[name] = elements / cuda_median_ms(fn) / 1e6  # G elements/s
     return res
 
 
-def tf32_rate():
+def tf32_gemm():
+    """(the reference float32 GEMM, 8192^3 at torch's matmul precision, its FLOPs)."""
     a, b = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
-    ms = cuda_median_ms(lambda: a @ b, repeats=10)
-    return 2 * 8192**3 / ms / 1e9  # TFLOP/s
+    return (lambda: a @ b), 2 * 8192**3
+
+
+def tf32_rate():
+    fn, flops = tf32_gemm()
+    return flops / cuda_median_ms(fn, repeats=10) / 1e9  # TFLOP/s
 
 
 def naive_forward(x, w, b, pop, sigma):
@@ -168,11 +178,26 @@ FORWARD = [  # (P, B, in, out, per-individual x)
 ]
 GRADIENT = [(1024, 1024, 1024), (16384, 2048, 512)]
 REDUCE = [(1024, 50_000_000)]
+SIGMA = 0.02
+
+
+def forward_inputs(P, B, i, o, per, g):
+    """(x, weight, bias, shape label) of a FORWARD row, drawn from generator g."""
+    w = torch.randn(o, i, device="cuda", generator=g)
+    b = torch.randn(o, device="cuda", generator=g)
+    x = torch.randn((P, B, i) if per else (B, i), device="cuda", generator=g)
+    return x, w, b, f"P={P} B={B} {i}->{o}" + (" per-indiv x" if per else "")
+
+
+def forward_call(x, w, b, P, anti):
+    """One virtual_perturbed_linear call for P individuals (P / 2 seeds with antithetic pairs)."""
+    seeds = torch.arange(P // 2 if anti else P, device="cuda")
+    return lambda: vn.virtual_perturbed_linear(x, w, b, seeds, SIGMA, 0, antithetic=anti)
 
 
 def run(quick: bool):
     torch.set_float32_matmul_precision("high")
-    sigma = 0.02
+    sigma = SIGMA
     g = torch.Generator(device="cuda").manual_seed(0)
     roof = roofs()
     roof_g = roof["splitmix64 hash+reduce"]
@@ -197,14 +222,10 @@ def run(quick: bool):
                      + (" (both members counted)" if anti else "")])
 
     for P, B, i, o, per in FORWARD[:2] if quick else FORWARD:
-        w = torch.randn(o, i, device="cuda", generator=g)
-        b = torch.randn(o, device="cuda", generator=g)
-        x = torch.randn((P, B, i) if per else (B, i), device="cuda", generator=g)
-        shape = f"P={P} B={B} {i}->{o}" + (" per-indiv x" if per else "")
+        x, w, b, shape = forward_inputs(P, B, i, o, per, g)
         naive = measure(lambda: naive_forward(x, w, b, P, sigma), 3)
         for anti in (False, True):
-            seeds = torch.arange(P // 2 if anti else P, device="cuda")
-            ours = measure(lambda: vn.virtual_perturbed_linear(x, w, b, seeds, sigma, 0, antithetic=anti), 10)
+            ours = measure(forward_call(x, w, b, P, anti), 10)
             add("forward", shape, P * o * i, ours, naive, anti,
                 flops=2 * P * B * i * o if B >= 1024 else None)
     for P, o, i in GRADIENT[:1] if quick else GRADIENT:

@@ -27,13 +27,12 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_cuda import FORWARD, _roof_splitmix, roof_programs  # noqa: E402
+from bench_cuda import FORWARD, forward_call, forward_inputs, roof_call, tf32_gemm  # noqa: E402
 from common import machine_line, markdown_table  # noqa: E402
-
-import virtual_noise as vn  # noqa: E402
 
 FIELDS = "power.draw,clocks.sm,temperature.gpu"
 CAP_FIELDS = ("clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap")  # new name, old name
+SAMPLE_MS = 50
 RAMP_S = 1.0  # samples of each window's first second are dropped: power and clock are still settling
 
 
@@ -67,7 +66,7 @@ def sample_while(fn, seconds: float, cap: str, index: int):
         fn()  # compile and warm up outside the window
     torch.cuda.synchronize()
     sampler = subprocess.Popen(["nvidia-smi", "-i", str(index), f"--query-gpu={FIELDS},{cap}",
-                                "--format=csv,noheader,nounits", "-lms", "50"],
+                                "--format=csv,noheader,nounits", "-lms", str(SAMPLE_MS)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     start = time.perf_counter()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -82,27 +81,22 @@ def sample_while(fn, seconds: float, cap: str, index: int):
     torch.cuda.synchronize()
     sampler.terminate()
     samples = parse_samples(sampler.communicate()[0])
-    keep = int(RAMP_S / 0.05)
+    keep = int(RAMP_S * 1e3 / SAMPLE_MS)
     return a.elapsed_time(b) / calls, samples[keep:] or samples  # a short window keeps all it has
 
 
 def workloads():
-    """(name, fn, units per call, unit): the reference GEMM, the roof, and the forward rows."""
+    """(name, fn, units per call, unit): the reference GEMM, the roof, and the forward rows (bench_cuda.py's)."""
+    gemm, flops = tf32_gemm()
+    yield "tf32 GEMM 8192^3 (cuBLAS)", gemm, flops / 1e12, "TFLOP/s"
+    roof, elements = roof_call()
+    yield "splitmix64 roof", roof, elements / 1e9, "G el/s"
     g = torch.Generator(device="cuda").manual_seed(0)
-    a, b = torch.randn(8192, 8192, device="cuda", generator=g), torch.randn(8192, 8192, device="cuda", generator=g)
-    yield "tf32 GEMM 8192^3 (cuBLAS)", lambda: a @ b, 2 * 8192**3 / 1e12, "TFLOP/s"
-    progs = roof_programs()
-    out = torch.empty(progs, device="cuda")
-    yield ("splitmix64 roof", lambda: _roof_splitmix[(progs,)](out, 2**20, BLOCK=1024, num_warps=8),
-           progs * 2**20 / 1e9, "G el/s")
     for P, B, i, o, per in FORWARD:
-        w, bias = torch.randn(o, i, device="cuda", generator=g), torch.randn(o, device="cuda", generator=g)
-        x = torch.randn((P, B, i) if per else (B, i), device="cuda", generator=g)
+        x, w, b, shape = forward_inputs(P, B, i, o, per, g)
         for anti in (False, True):
-            seeds = torch.arange(P // 2 if anti else P, device="cuda")
-            name = f"forward{' antithetic' if anti else ''} P={P} B={B} {i}->{o}{' per-indiv x' if per else ''}"
-            yield (name, lambda x=x, w=w, bias=bias, seeds=seeds, anti=anti: vn.virtual_perturbed_linear(
-                x, w, bias, seeds, 0.02, 0, antithetic=anti), P * o * i / 1e9, "G el/s")
+            name = f"forward{' antithetic' if anti else ''} {shape}"
+            yield name, forward_call(x, w, b, P, anti), P * o * i / 1e9, "G el/s"
 
 
 def main():
