@@ -33,10 +33,17 @@ for dtype in (torch.float32, torch.bfloat16):
     many = torch.arange(150, device="cuda") - 75
     vn.virtual_perturbed_linear(x, w, b, many, 0.1, 3, antithetic=True)
     vn.virtual_perturbed_linear(x, w, None, many, 0.1, 3)
-# The noise-slab kernel with its x ring wrapping (16 K steps x 5 batch tiles over 6 slots), partial
-# last batch tile, an odd number of tiles (role 0 takes 3, role 1 two).
+# The noise-slab kernel with its x ring wrapping, partial last batch tile, an odd number of tiles (role 0
+# takes 3, role 1 two): float32 operands (16 K steps x 5 batch tiles over 6 slots), then x's row-scaled
+# float16 copy (8 K steps x 5 tiles over 8 slots; plain calls take it from 512 inputs, antithetic from 1024).
 x, w = torch.randn(520, 512, device="cuda"), torch.randn(19, 512, device="cuda")
 vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), many, 0.1, 3, antithetic=True)
+vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), many, 0.1, 3)
+# The per-tile kernel on row-scaled copies with padded rows (601 -> 608 and 1025 -> 1032 halves) and
+# partial K steps.
+for in_f, anti in ((601, False), (1025, True)):
+    x, w = torch.randn(200, in_f, device="cuda"), torch.randn(19, in_f, device="cuda")
+    vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), s, 0.1, 3, antithetic=anti)
 f = torch.randn(6, device="cuda")
 vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
 vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)

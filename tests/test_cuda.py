@@ -192,8 +192,10 @@ def _hopper():
     (300, 256, 150, "noise_slab"), (1000, 200, 64, "noise_slab"), (513, 512, 130, "noise_slab")])
 def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monkeypatch):
     """Shared x, batch > 128: each Gluon kernel (perturbed_linear_large_batch.py) against
-    float64 and bit for bit against the tl.dot kernel, plus graph capture and compile."""
+    float64 and bit for bit against the tl.dot kernel (float32 x as its row-scaled float16
+    copy: as accurate as the tl.dot kernel), plus graph capture and compile."""
     from virtual_noise.cuda import perturbed_linear_large_batch as large
+    from virtual_noise.cuda import row_scaled_fp16
 
     # These populations are too small for the launcher's own choice of the noise-slab
     # kernel (one program per SM): force it, or keep it off, and check which one ran
@@ -234,27 +236,50 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
     torch.set_float32_matmul_precision("high")  # fp32 takes the kernel at tf32 only
     try:
         assert large.applies(xc, "tf32" if dtype == torch.float32 else "ieee")
-        y = call(xc)
-        if kernel == "noise_slab":
-            # The ring's cap, 8 stages of 128 x 128 bytes, fits beside every slab here but fp32's at
-            # 512 inputs (128 KiB + 6 x 16 KiB of x fill Hopper's 227 KiB per program).
-            assert slab_stages == [6 if dtype == torch.float32 and in_f == 512 else 8]
-        else:
-            assert slab_stages == []
-        tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
-        ref = perturbed_linear_ref(x, w, b, s, sigma, offset, antithetic)
-        torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
         with monkeypatch.context() as mp:
             mp.setattr(large, "applies", lambda *a: False)
             y_tl = call(xc)
+        tol = 2e-3 if dtype == torch.float32 else TOL[dtype]  # tf32 operands
+        ref = perturbed_linear_ref(x, w, b, s, sigma, offset, antithetic)
+        err_tl = (y_tl.cpu().double() - ref).abs().max().item()
+        if dtype == torch.float32:
+            # float32 x at tf32 as its row-scaled float16 copy (row_scaled_fp16.py), forced at every width
+            # here: exact tf32 operands, but float16 wgmma sums them otherwise than tf32 wgmma does, so
+            # the outputs are compared with float64, not bit for bit.
+            with monkeypatch.context() as mp:
+                mp.setattr(row_scaled_fp16, "serves", lambda *a: True)
+                y_rs = call(xc)
+                assert torch.equal(call(xc), y_rs)  # bit-stable run to run
+            err_rs = (y_rs.cpu().double() - ref).abs().max().item()
+            assert err_rs <= 1.02 * err_tl, (err_rs, err_tl)
+            torch.testing.assert_close(y_rs, y_tl, rtol=1e-5, atol=1e-5 * in_f**0.5)
+            # 16-bit operands: the ring's cap, 8 stages of 128 x 128 bytes, fits beside every slab here.
+            assert slab_stages == ([8, 8] if kernel == "noise_slab" else [])
+            slab_stages.clear()
+            # And float32 operands through TMA, the route for narrow x, or where the copy would be too big.
+            monkeypatch.setattr(row_scaled_fp16, "serves", lambda *a: False)
+        y = call(xc)
+        if kernel == "noise_slab":
+            # fp32's slab at 512 inputs (128 KiB) leaves room for 6 stages of 128 x 32 floats
+            assert slab_stages == [6 if dtype == torch.float32 and in_f == 512 else 8]
+        else:
+            assert slab_stages == []
+        torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
         # Same noise, same operand rounding and K order: the two kernels agree bit for bit.
         assert torch.equal(y, y_tl)
-        # A row stride TMA cannot take (not 16-byte aligned) falls back to the tl.dot kernel.
+        # A row stride TMA cannot take (not 16-byte aligned) falls back to the tl.dot kernel, but for
+        # float32 x served by its float16 copy.
         pad = torch.zeros(batch, in_f + 1, dtype=dtype, device="cuda")
         pad[:, :in_f] = xc
-        assert not large.applies(pad[:, :in_f], "tf32")
+        assert not large.applies(pad[:, :in_f], "tf32" if dtype == torch.float32 else "ieee")
         assert torch.equal(call(pad[:, :in_f]), y_tl)
-        if batch == 129 and dtype == torch.float32:
+        if dtype == torch.float32:
+            with monkeypatch.context() as mp:
+                mp.setattr(row_scaled_fp16, "serves", lambda *a: True)
+                assert large.applies(pad[:, :in_f], "tf32")
+                assert torch.equal(call(pad[:, :in_f]), y_rs)
+        if batch == 129 and dtype == torch.float32:  # the float16 copy's kernel captured too
+            monkeypatch.setattr(row_scaled_fp16, "serves", lambda *a: True)
             fn = lambda: call(xc)  # noqa: E731
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream()
@@ -264,8 +289,49 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
                     out = fn()
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, y)
-            assert torch.equal(torch.compile(fn, fullgraph=True)(), y)
+            assert torch.equal(out, y_rs)
+            assert torch.equal(torch.compile(fn, fullgraph=True)(), y_rs)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon large-batch kernel runs on sm_90 only")
+@pytest.mark.parametrize("batch", [300, 200])  # the noise-slab and the per-tile kernel
+def test_row_scaled_copy_wide_range_and_nonfinite(batch, monkeypatch):
+    """float32 x through its row-scaled float16 copy: rows from 1e-30 to 1e30, with elements
+    1e-12 of their row's largest, are as accurate relative to each row's size as the tl.dot
+    kernel's tf32; rows holding NaN or Inf give NaN and Inf where the tl.dot kernel does."""
+    from virtual_noise.cuda import perturbed_linear_large_batch as large
+
+    monkeypatch.setattr(large, "SLAB_MIN_PROGRAMS_PER_SM", 0)
+    g = torch.Generator().manual_seed(batch)
+    in_f, out_f = 520, 70
+    s = seeds_for(3, g)
+    x = torch.randn(batch, in_f, generator=g) * torch.logspace(-30, 30, batch)[:, None].float()
+    x[::7, ::5] *= 1e-12
+    w = torch.zeros(out_f, in_f)  # W = 0, b = 0: the outputs are the noise term alone
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        def call(xs):
+            return vn.virtual_perturbed_linear(xs.cuda(), w.cuda(), None, s.cuda(), 0.3, 7).cpu()
+
+        assert large.applies(x.cuda(), "tf32")
+        y = call(x)
+        with monkeypatch.context() as mp:
+            mp.setattr(large, "applies", lambda *a: False)
+            y_tl = call(x)
+        ref = perturbed_linear_ref(x, w, None, s, 0.3, 7)
+        size = x.abs().amax(1).double()[None, :, None] * in_f**0.5
+        err, err_tl = ((y.double() - ref).abs() / size).max().item(), ((y_tl.double() - ref).abs() / size).max().item()
+        assert err <= 1.02 * err_tl and err < 1e-3, (err, err_tl)
+        x[3, 5], x[10, 7], x[11, 2], x[11, 9] = float("nan"), float("inf"), -float("inf"), 1e30
+        y = call(x)
+        with monkeypatch.context() as mp:
+            mp.setattr(large, "applies", lambda *a: False)
+            y_tl = call(x)
+        assert torch.equal(y.isnan(), y_tl.isnan()) and torch.equal(y.isinf(), y_tl.isinf())
+        assert y[:, 3].isnan().all() and not y[:, 12:].isnan().any()
     finally:
         torch.set_float32_matmul_precision(old)
 

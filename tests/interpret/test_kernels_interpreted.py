@@ -97,7 +97,7 @@ def test_large_batch_kernel_failure_falls_back(monkeypatch):
         raise TypeError("Gluon API changed")
 
     monkeypatch.setattr(large, "_failed", False)
-    monkeypatch.setattr(large, "applies", lambda x, precision: not large._failed)
+    monkeypatch.setattr(large, "applies", lambda x, precision, antithetic=False: not large._failed)
     monkeypatch.setattr(large, "_launch", gluon_rejects)
     g = torch.Generator().manual_seed(2)
     s, x, w = seeds_for(3, g), torch.randn(5, 9, generator=g), torch.randn(6, 9, generator=g)
@@ -105,6 +105,48 @@ def test_large_batch_kernel_failure_falls_back(monkeypatch):
         y = lin.perturbed_linear(x, w, None, s, 0.5, 1, False)
     assert large._failed
     torch.testing.assert_close(y.double(), perturbed_linear_ref(x, w, None, s, 0.5, 1), rtol=1e-5, atol=1e-5)
+
+
+def _tf32(x):
+    """float32 truncated to tf32's 11 significant bits, as wgmma reads its tf32 operands."""
+    return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("in_f", [1, 37, 1500])  # 1500: rows longer than the kernel's 1024-wide chunk
+def test_row_scaled_fp16(in_f):
+    """float32 x as row-scaled float16 (the Hopper kernels' tf32 operands): x16 * inv_scale equals
+    x truncated to tf32 for every element within 2^29 of its row's largest magnitude, the scale is a
+    power of two moving that magnitude into float16's top binade, and rows with Inf or NaN keep the
+    scale 1."""
+    from virtual_noise.cuda import row_scaled_fp16 as rs
+
+    g = torch.Generator().manual_seed(in_f)
+    mags = torch.tensor([1.0, 3e-30, 2e30, 1e-38, 2e-40, 0.0, 1.0, 1.0, 65504.0, 7e4])
+    x = torch.randn(len(mags), in_f, generator=g) * mags[:, None]
+    x[0, :: max(1, in_f // 5)] *= 1e-10  # under 2^-29 of the row's largest: float16 subnormals
+    x[1, ::3] *= 1e-8  # within 2^-29: still exact
+    x[6, -1], x[7, 0] = float("nan"), -float("inf")
+    x16, inv = rs.row_scaled_fp16(x.t().contiguous().t())  # strided x: columns contiguous
+    assert x16.dtype == torch.float16 and x16.shape == x.shape and x16.stride(1) == 1
+    assert (x16.stride(0) * 2) % 16 == 0 and x16.data_ptr() % 16 == 0  # TMA alignment
+    top = x.abs().amax(1)
+    # float32 subnormals (row 4) have fewer significant bits than tf32 keeps: not compared
+    exact = (x.abs() >= top[:, None] * 2.0**-29) & (x.abs() >= 2.0**-126)
+    back = x16.float() * inv[:, None]
+    for r in range(len(mags)):
+        e = torch.frexp(inv[r : r + 1])
+        assert e.mantissa.item() == 0.5, (r, inv[r])  # a power of two
+        if r in (6, 7):  # Inf / NaN: scale 1, the float16 values truncated
+            assert inv[r].item() == 1.0
+            continue
+        if mags[r] == 0:
+            assert not x16[r].float().abs().any()
+            continue
+        assert torch.equal(back[r][exact[r]], _tf32(x[r])[exact[r]]), r
+        if top[r] > 2.0**-111:  # scaled fully: the largest magnitude lands in [2^15, 2^16)
+            assert 2.0**15 <= x16[r].float().abs().max().item() < 2.0**16, r
+            assert (back[r] - _tf32(x[r])).abs().max().item() <= top[r].item() * 2.0**-39, r
+    assert x16[6].isnan().sum().item() == 1 and x16[7, 0].item() == -float("inf")
 
 
 @pytest.mark.parametrize("antithetic", [False, True])

@@ -22,7 +22,9 @@ x's precision (float32 dots follow torch.get_float32_matmul_precision:
 "highest" -> tf32x3 in the kernel and float32 in the base GEMMs, else tf32); the
 noise enters the dot rounded to x's dtype (bf16/fp16 inputs) or at the fp32
 dot precision, so the sigma-scaled noise term's rounding is the only
-difference from the noise the gradient sees.
+difference from the noise the gradient sees. (On Hopper, wide float32 x at
+tf32 enters the large-batch kernels as a row-scaled float16 copy holding the
+same tf32 values: row_scaled_fp16.py states what that changes.)
 """
 
 import functools
@@ -284,7 +286,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
         stride_bp, stride_bb, w_in_kernel = out.stride(0), out.stride(1), False
     else:
         base, stride_bp, stride_bb, w_in_kernel = out, 0, 0, True  # base unused: x_i @ W^T from W tiles
-    if shared and _large_batch.applies(x, precision) and _large_batch.launch(
+    if shared and _large_batch.applies(x, precision, antithetic) and _large_batch.launch(
             x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic):
         return out
     x3 = x if not shared else x[None]

@@ -26,11 +26,20 @@ with x tiles streaming in through a TMA ring:
   bf16 +5-9%. Before, the fp32 B=1024 row lost ~0.2 ms of its 0.76 to
   epilogues that no wgmma overlapped (ninth session).
 
-Same noise, same float32 accumulation order over K and same tf32 / 16-bit
-operand rounding as the tl.dot kernel (the GPU tests check the outputs are
-bit-identical). Gluon is not run by TRITON_INTERPRET, so this path is taken on
-sm_90 GPUs only; elsewhere (and for "highest" fp32 precision, tf32x3, which
-wgmma has no single-instruction form of) the tl.dot kernel runs.
+float32 x at tf32 reaches both kernels as its row-scaled float16 copy
+(row_scaled_fp16.py: the same tf32 operand values, a power of two per row,
+undone exactly in the epilogue) where its K loops are long enough to pay for
+the copy (plain calls from 512 inputs, antithetic from 1024): float16 wgmma runs
+at twice tf32's rate on half the bytes. Measured on an H100 side by side
+(benchmarks/RESULTS.md, twenty-sixth session): P=256 B=1024 512->512 +15-20%,
+P=64 B=256 4096->4096 +33% plain and antithetic. Otherwise float32 x goes
+through TMA as float32, and the kernels have the same noise, the same float32
+accumulation order over K and the same tf32 / 16-bit operand rounding as the
+tl.dot kernel (the GPU tests check the outputs are bit-identical); the float16
+copy's outputs are as accurate against float64 but not the same bits.
+Gluon is not run by TRITON_INTERPRET, so this path is taken on sm_90 GPUs
+only; elsewhere (and for "highest" fp32 precision, tf32x3, which wgmma has no
+single-instruction form of) the tl.dot kernel runs.
 
 Why not hash warps filling a shared noise ring for a wgmma warpgroup (the
 per-tile kernel's shape): ptxas caps every partition at the launch register
@@ -56,6 +65,7 @@ try:  # Gluon ships with triton >= 3.5; without it the tl.dot kernel serves ever
 except ImportError:  # pragma: no cover - depends on the installed triton
     gluon = None
 
+from . import row_scaled_fp16
 from .device_info import compute_capability, max_shared_memory, sm_count
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
@@ -95,6 +105,25 @@ if gluon is not None:
             gl.store(out_ptrs + (i0 + 1) * stride_op, (base - sigma * acc).to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
+    def _noise_operand(noise, DT: gl.constexpr, ROW_SCALED: gl.constexpr):
+        """float32 noise as wgmma's operand: rounded to 16-bit x's dtype, or for float32 x held as row-scaled
+        float16 (row_scaled_fp16.py) truncated to float16, the bits that tf32 truncation keeps (exact)."""
+        if ROW_SCALED:
+            v = noise.to(DT, fp_downcast_rounding="rtz")
+        else:
+            v = noise.to(DT)
+        return v
+
+    @gluon.jit
+    def _unscale(acc, inv_ptr, m0, batch, ROW_SCALED: gl.constexpr):
+        """acc (outputs x batch rows m0...) times each row's inverse scale, for row-scaled float16 x: exact,
+        a power of two."""
+        if ROW_SCALED:
+            ob = m0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+            acc = acc * gl.load(inv_ptr + ob, mask=ob < batch, other=1.0)[None, :]
+        return acc
+
+    @gluon.jit
     def _noise_counters(key, t, w_offset, in_f, BO: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
         """Counters of output tile t's (BO x BK) noise tiles, as in perturbed_linear.py: row
         counters c (add c_step per K step) plus constant lane offsets, one 64-bit add per element."""
@@ -106,10 +135,10 @@ if gluon is not None:
 
     @gluon.jit
     def _large_batch_kernel(
-        x_desc, base_ptr, out_ptr, seeds_ptr,
+        x_desc, base_ptr, out_ptr, seeds_ptr, inv_ptr,
         batch, in_f, out_f, stride_op, stride_ob,
         sigma, w_offset, b_offset, n_tiles,
-        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, ROW_SCALED: gl.constexpr, BO: gl.constexpr,
         STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):
         BB: gl.constexpr = x_desc.block_type.shape[0]
@@ -139,13 +168,14 @@ if gluon is not None:
         c, lane_k, c_step = _noise_counters(key, t, w_offset, in_f, BO, BK, a_layout)
 
         acc = gl.zeros((BO, BB), dtype=gl.float32, layout=mma)
-        nt = noise_from_counter(c[:, None] + lane_k[None, :]).to(DT)
+        nt = _noise_operand(noise_from_counter(c[:, None] + lane_k[None, :]), DT, ROW_SCALED)
         for step in range(n_steps):
             s = step % STAGES
             mbarrier.wait(bars.index(s), (step // STAGES) & 1)
             acc = warpgroup_mma(nt, x_s.index(s).permute((1, 0)), acc, is_async=True)
             c += c_step
-            nt_next = noise_from_counter(c[:, None] + lane_k[None, :]).to(DT)  # overlaps the wgmma
+            # The next step's hash overlaps this step's wgmma.
+            nt_next = _noise_operand(noise_from_counter(c[:, None] + lane_k[None, :]), DT, ROW_SCALED)
             acc, nt = warpgroup_mma_wait(num_outstanding=0, deps=(acc, nt))
             nxt = step + STAGES - 1  # its slot was read by step - 1's wgmma, complete by now
             sn = nxt % STAGES
@@ -156,6 +186,7 @@ if gluon is not None:
             mbarrier.invalidate(bars.index(j))
 
         oo = t * BO + gl.arange(0, BO, layout=gl.SliceLayout(1, mma))
+        acc = _unscale(acc, inv_ptr, m0, batch, ROW_SCALED)
         if HAS_BIAS:
             acc = acc + noise_at(key, b_offset + oo.to(gl.int64))[:, None]
         base = _load_base_tile(base_ptr, oo, m0, batch, out_f, BB, mma)
@@ -173,17 +204,17 @@ if gluon is not None:
                                         x_s.index(s), pred=it < total)
 
     @gluon.jit
-    def _slab_hash_step(slab, k, c, lane_k, DT: gl.constexpr):
+    def _slab_hash_step(slab, k, c, lane_k, DT: gl.constexpr, ROW_SCALED: gl.constexpr):
         """Hash K step k of the noise slab into shared memory (counters c + lane_k); K columns past
         in_f meet zero x columns (TMA fill), so they need no mask."""
-        slab.index(k).store(noise_from_counter(c[:, None] + lane_k[None, :]).to(DT))
+        slab.index(k).store(_noise_operand(noise_from_counter(c[:, None] + lane_k[None, :]), DT, ROW_SCALED))
         fence_async_shared()  # the generic-proxy stores, before wgmma's async-proxy reads
 
     @gluon.jit
     def _slab_role(ROLE: gl.constexpr, x_desc, slab, x_s, bars, turn, slab_ready,
-                   base_ptr, out_ptr, seeds_ptr, batch, in_f, out_f, stride_op, stride_ob,
+                   base_ptr, out_ptr, seeds_ptr, inv_ptr, batch, in_f, out_f, stride_op, stride_ob,
                    sigma, w_offset, b_offset, n_tiles,
-                   HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, ROW_SCALED: gl.constexpr, BO: gl.constexpr,
                    KSTEPS: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup of _noise_slab_kernel: batch tiles ROLE, ROLE + 2, ... of the program."""
         BB: gl.constexpr = x_desc.block_type.shape[0]
@@ -207,7 +238,7 @@ if gluon is not None:
         if ROLE == 1:  # the slab's odd K steps, each signalled to role 0's first K loop
             c += c_step
             for k in range(1, KSTEPS, 2):
-                _slab_hash_step(slab, k, c, lane_k, DT)
+                _slab_hash_step(slab, k, c, lane_k, DT, ROW_SCALED)
                 # Gluon lowers this to one thread's arrive after a barrier of the partition (sm_90 PTX),
                 # so every thread's stores and fence precede it.
                 mbarrier.arrive(slab_ready.index(k // 2), count=1)
@@ -229,7 +260,7 @@ if gluon is not None:
                 if ROLE == 0:
                     if j == 0:  # the first batch tile: hash the even K steps, wait for the odd ones
                         if k % 2 == 0:
-                            _slab_hash_step(slab, k, c, lane_k, DT)
+                            _slab_hash_step(slab, k, c, lane_k, DT, ROW_SCALED)
                             gl.thread_barrier()
                             c += c_step
                             c += c_step
@@ -246,16 +277,17 @@ if gluon is not None:
             # This tile's last slot (the next tile's first wgmma may already be in flight, so the
             # other role, which cannot tell when this one completes, leaves it to this one).
             _slab_x_load(x_desc, x_s, bars, (m + 1) * KSTEPS - 1 + STAGES, total, KSTEPS, STAGES)
+            acc = _unscale(acc, inv_ptr, m * BB, batch, ROW_SCALED)
             if HAS_BIAS:
                 acc = acc + nb[:, None]
             _store_tile(acc, base, oo, m * BB, out_ptr, batch, out_f, stride_op, stride_ob, i0, sigma, ANTITHETIC)
 
     @gluon.jit
     def _noise_slab_kernel(
-        x_desc, base_ptr, out_ptr, seeds_ptr,
+        x_desc, base_ptr, out_ptr, seeds_ptr, inv_ptr,
         batch, in_f, out_f, stride_op, stride_ob,
         sigma, w_offset, b_offset, n_tiles,
-        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, BO: gl.constexpr,
+        HAS_BIAS: gl.constexpr, ANTITHETIC: gl.constexpr, ROW_SCALED: gl.constexpr, BO: gl.constexpr,
         KSTEPS: gl.constexpr, STAGES: gl.constexpr, WORKER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (individual, output tile), looping over all batch tiles in ping-pong.
@@ -285,28 +317,32 @@ if gluon is not None:
         for j in gl.static_range(NODD):
             mbarrier.init(slab_ready.index(j), count=1)
         gl.warp_specialize([
-            (_slab_role, (0, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, batch, in_f,
-                          out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS, ANTITHETIC,
-                          BO, KSTEPS, STAGES)),
-            (_slab_role, (1, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, batch, in_f,
-                          out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS, ANTITHETIC,
-                          BO, KSTEPS, STAGES)),
+            (_slab_role, (0, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, inv_ptr,
+                          batch, in_f, out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS,
+                          ANTITHETIC, ROW_SCALED, BO, KSTEPS, STAGES)),
+            (_slab_role, (1, x_desc, slab, x_s, bars, turn, slab_ready, base_ptr, out_ptr, seeds_ptr, inv_ptr,
+                          batch, in_f, out_f, stride_op, stride_ob, sigma, w_offset, b_offset, n_tiles, HAS_BIAS,
+                          ANTITHETIC, ROW_SCALED, BO, KSTEPS, STAGES)),
         ], [4], [WORKER_REGS])
 
 
-def applies(x: torch.Tensor, precision: str) -> bool:
+def applies(x: torch.Tensor, precision: str, antithetic: bool = False) -> bool:
     """Whether these kernels serve a shared-x call (the launcher falls back otherwise).
 
     Needs Gluon, a Hopper GPU (wgmma), a single-instruction dot precision
     (tf32 or 16-bit inputs), a batch over 128 and a TMA-compatible x (16-byte
-    aligned base and row stride, unit inner stride).
+    aligned base and row stride, unit inner stride), or float32 x that its
+    row-scaled float16 copy serves (any strides).
     """
     if x.shape[0] <= 128 or gluon is None or _failed or not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         return False  # the batch first: the cheapest check, and it decides the B <= 128 calls
     if compute_capability(x.device)[0] != 9:
         return False
-    if x.dtype == torch.float32 and precision != "tf32":
-        return False
+    if x.dtype == torch.float32:
+        if precision != "tf32":
+            return False
+        if row_scaled_fp16.serves(x, antithetic):
+            return True  # any strides: the kernels read the float16 copy
     es = x.element_size()
     return x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0
 
@@ -344,6 +380,9 @@ def _noise_slab_stages(x, programs: int) -> int:
 
 
 def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic):
+    inv_scale = None
+    if x.dtype == torch.float32 and row_scaled_fp16.serves(x, antithetic):
+        x, inv_scale = row_scaled_fp16.row_scaled_fp16(x)
     batch, in_f = x.shape
     out_f = out.shape[-1]
     bk = 128 // x.element_size()  # 128-byte rows: the widest TMA / wgmma swizzle
@@ -351,12 +390,13 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     n_tiles = triton.cdiv(out_f, BO)
     slab_stages = _noise_slab_stages(x, seeds.numel() * n_tiles)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [SLAB_BB if slab_stages else BB, bk], layout)
-    args = (x_desc, base, out, seeds, batch, in_f, out_f, out.stride(0), out.stride(1),
-            float(sigma), w_offset, b_offset, n_tiles)
+    args = (x_desc, base, out, seeds, inv_scale if inv_scale is not None else base, batch, in_f, out_f,
+            out.stride(0), out.stride(1), float(sigma), w_offset, b_offset, n_tiles)
+    row_scaled = inv_scale is not None
     if slab_stages:
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
-            *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
+            *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, ROW_SCALED=row_scaled, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
             STAGES=slab_stages, WORKER_REGS=SLAB_WORKER_REGS, num_warps=4)
         return
     _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
-        *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, BO=BO, STAGES=STAGES, num_warps=WARPS)
+        *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, ROW_SCALED=row_scaled, BO=BO, STAGES=STAGES, num_warps=WARPS)
