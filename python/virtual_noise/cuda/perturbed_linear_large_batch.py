@@ -106,8 +106,9 @@ if gluon is not None:
 
     @gluon.jit
     def _noise_operand(noise, DT: gl.constexpr, ROW_SCALED: gl.constexpr):
-        """float32 noise as wgmma's operand: rounded to 16-bit x's dtype, or for float32 x held as row-scaled
-        float16 (row_scaled_fp16.py) truncated to float16, the bits that tf32 truncation keeps (exact)."""
+        """float32 noise as wgmma's operand in x's dtype: rounded to 16-bit x's, kept for float32 x (wgmma
+        truncates it to tf32), or for float32 x held as row-scaled float16 (row_scaled_fp16.py) truncated to
+        float16, which keeps exactly the bits that tf32 truncation does."""
         if ROW_SCALED:
             v = noise.to(DT, fp_downcast_rounding="rtz")
         else:
