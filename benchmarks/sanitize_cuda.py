@@ -44,6 +44,13 @@ vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), many, 0.1, 3)
 for in_f, anti in ((601, False), (1025, True)):
     x, w = torch.randn(200, in_f, device="cuda"), torch.randn(19, in_f, device="cuda")
     vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), s, 0.1, 3, antithetic=anti)
+# The tl.dot kernel on x's row-scaled float16 copy (batches of 33 to 128, 512 inputs or more): padded
+# copy rows (601 -> 608 halves), a K tail, 100 rows in a 128-row tile, strided x.
+for batch, in_f, anti in ((40, 601, False), (100, 520, True)):
+    x = torch.randn(in_f, batch, device="cuda").t()
+    w = torch.randn(19, in_f, device="cuda")
+    vn.virtual_perturbed_linear(x, w, torch.randn(19, device="cuda"), s, 0.1, 3, antithetic=anti)
+    vn.virtual_perturbed_linear(x, w, None, s, 0.1, 3, antithetic=anti)
 f = torch.randn(6, device="cuda")
 vn.virtual_weight_gradient(f, s, (19, 37), 0.1, 6, 3, antithetic=True)
 vn.virtual_weight_gradient(f[:3], s, (3, 5), 0.1, 3, 3)

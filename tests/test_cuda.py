@@ -126,10 +126,10 @@ def test_shared_base(dtype, precision, batch, with_bias):
     try:
         torch.set_float32_matmul_precision(precision)
         dot = fp32_dot_precision(torch.device("cuda")) if dtype == torch.float32 else "ieee"
-        base, pdl = lin._shared_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None, dot)
+        base, pdl, copy = lin._shared_base(x.cuda(), w.cuda(), b.cuda() if with_bias else None, dot)
     finally:
         torch.set_float32_matmul_precision(old)
-    assert base.dtype == torch.float32 and base.shape == (batch, 150)
+    assert base.dtype == torch.float32 and base.shape == (batch, 150) and copy is None
     assert pdl == (batch <= 128 and torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None)
     err = (base.cpu().double() - ref).abs().max().item()
     # Sums of 700 products of magnitude ~1 (|sum| ~26): float32 sums err ~1e-5; tf32 operands
@@ -138,12 +138,16 @@ def test_shared_base(dtype, precision, batch, with_bias):
     assert err < (0.3 if (dtype == torch.float32 and precision == "high") else 1e-3), err
 
 
-def test_forward_waits_for_its_inputs():
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_forward_waits_for_its_inputs(precision):
     """On Hopper the forward kernel starts before the base GEMM ends (PDL) and waits for the
-    base only in its epilogue. x written by the kernel just before, and the base, must still be
+    base only in its epilogue; at "high" (tf32) it reads x's float16 copy, made in the base
+    GEMM's launch. x written by the kernel just before, and the base and the copy, must still be
     read complete: calls enqueued back to back on fresh x each time (the allocator reuses the
-    memory, so a read of stale or half-written x or base would show) give the bits of the same
-    calls made one at a time with a synchronize around each."""
+    memory, so a read of stale or half-written x, base or copy would show) give the bits of the
+    same calls made one at a time with a synchronize around each."""
+    from virtual_noise.cuda import perturbed_linear as lin
+
     g = torch.Generator().manual_seed(12)
     s = seeds_for(256, g).cuda()
     x0 = torch.randn(64, 784, generator=g).cuda()
@@ -152,13 +156,20 @@ def test_forward_waits_for_its_inputs():
     def call(i):
         return vn.virtual_perturbed_linear(x0 * (i + 1) - i, w, b, s, 0.1, 3, antithetic=i % 2 == 1)
 
-    want = []
-    for i in range(12):
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        if _hopper():
+            assert lin._takes_copy(x0, lin.fp32_dot_precision(x0.device)) == (precision == "high")
+        want = []
+        for i in range(12):
+            torch.cuda.synchronize()
+            want.append(call(i))
+            torch.cuda.synchronize()
+        got = [call(i) for i in range(12)]
         torch.cuda.synchronize()
-        want.append(call(i))
-        torch.cuda.synchronize()
-    got = [call(i) for i in range(12)]
-    torch.cuda.synchronize()
+    finally:
+        torch.set_float32_matmul_precision(old)
     for i in range(12):
         assert torch.equal(got[i], want[i]), i
 
@@ -295,12 +306,61 @@ def test_large_batch_kernel(dtype, antithetic, batch, in_f, out_f, kernel, monke
         torch.set_float32_matmul_precision(old)
 
 
-@pytest.mark.skipif(not _hopper(), reason="the Gluon large-batch kernel runs on sm_90 only")
-@pytest.mark.parametrize("batch", [300, 200])  # the noise-slab and the per-tile kernel
+@pytest.mark.skipif(not _hopper(), reason="the float16 copy of x is taken on sm_90 only")
+@pytest.mark.parametrize("batch,in_f,out_f,antithetic,with_bias", [
+    (64, 784, 256, True, True), (40, 1000, 130, False, True), (128, 600, 64, True, False), (100, 512, 70, False, True)])
+def test_row_scaled_copy_small_batch(batch, in_f, out_f, antithetic, with_bias, monkeypatch):
+    """Shared float32 x at tf32, batches of 33 to 128: the tl.dot kernel on x's row-scaled float16
+    copy (made in the base GEMM's launch) against float64, as accurate as the same kernel on
+    float32 x, bit-stable run to run, and under graph capture and compile."""
+    from virtual_noise.cuda import perturbed_linear as lin
+
+    g = torch.Generator().manual_seed(batch + in_f)
+    s = seeds_for(5, g)
+    x = torch.randn(batch, in_f, generator=g)
+    w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
+    b = torch.randn(out_f, generator=g) if with_bias else None
+    ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**31 + 5, antithetic)
+    xc, wc, bc, sc = x.cuda(), w.cuda(), b.cuda() if with_bias else None, s.cuda()
+
+    def call():
+        return vn.virtual_perturbed_linear(xc, wc, bc, sc, 0.3, 2**31 + 5, antithetic=antithetic)
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert lin._takes_copy(xc, "tf32")
+        y = call()
+        assert torch.equal(call(), y)
+        with monkeypatch.context() as mp:
+            mp.setattr(lin, "_takes_copy", lambda *a: False)
+            y_tl = call()
+        err = (y.cpu().double() - ref).abs().max().item()
+        err_tl = (y_tl.cpu().double() - ref).abs().max().item()
+        assert err <= 1.02 * err_tl and err < 2e-3 * in_f**0.5, (err, err_tl)
+        torch.testing.assert_close(y, y_tl, rtol=1e-5, atol=1e-5 * in_f**0.5)
+        if batch == 64:
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                call()
+                with torch.cuda.graph(graph):
+                    out = call()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, y)
+            assert torch.equal(torch.compile(call, fullgraph=True)(), y)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the float16 copy of x is taken on sm_90 only")
+@pytest.mark.parametrize("batch", [300, 200, 64])  # the noise-slab, the per-tile and the tl.dot kernel
 def test_row_scaled_copy_wide_range_and_nonfinite(batch, monkeypatch):
     """float32 x through its row-scaled float16 copy: rows from 1e-30 to 1e30, with elements
     1e-12 of their row's largest, are as accurate relative to each row's size as the tl.dot
-    kernel's tf32; rows holding NaN or Inf give NaN and Inf where the tl.dot kernel does."""
+    kernel's tf32 on float32 x; rows holding NaN or Inf give NaN and Inf where that kernel does."""
+    from virtual_noise.cuda import perturbed_linear as lin
     from virtual_noise.cuda import perturbed_linear_large_batch as large
 
     monkeypatch.setattr(large, "SLAB_MIN_PROGRAMS_PER_SM", 0)
@@ -313,23 +373,27 @@ def test_row_scaled_copy_wide_range_and_nonfinite(batch, monkeypatch):
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        def call(xs):
-            return vn.virtual_perturbed_linear(xs.cuda(), w.cuda(), None, s.cuda(), 0.3, 7).cpu()
+        def both(xs):
+            """(the call on x's copy, the same call with the tl.dot kernel on float32 x)"""
+            def call():
+                return vn.virtual_perturbed_linear(xs.cuda(), w.cuda(), None, s.cuda(), 0.3, 7).cpu()
 
-        assert large.applies(x.cuda(), "tf32")
-        y = call(x)
-        with monkeypatch.context() as mp:
-            mp.setattr(large, "applies", lambda *a: False)
-            y_tl = call(x)
+            y = call()
+            with monkeypatch.context() as mp:
+                if batch > 128:
+                    mp.setattr(large, "applies", lambda *a: False)
+                else:
+                    mp.setattr(lin, "_takes_copy", lambda *a: False)
+                return y, call()
+
+        assert large.applies(x.cuda(), "tf32") if batch > 128 else lin._takes_copy(x.cuda(), "tf32")
+        y, y_tl = both(x)
         ref = perturbed_linear_ref(x, w, None, s, 0.3, 7)
         size = x.abs().amax(1).double()[None, :, None] * in_f**0.5
         err, err_tl = ((y.double() - ref).abs() / size).max().item(), ((y_tl.double() - ref).abs() / size).max().item()
         assert err <= 1.02 * err_tl and err < 1e-3, (err, err_tl)
         x[3, 5], x[10, 7], x[11, 2], x[11, 9] = float("nan"), float("inf"), -float("inf"), 1e30
-        y = call(x)
-        with monkeypatch.context() as mp:
-            mp.setattr(large, "applies", lambda *a: False)
-            y_tl = call(x)
+        y, y_tl = both(x)
         assert torch.equal(y.isnan(), y_tl.isnan()) and torch.equal(y.isinf(), y_tl.isinf())
         assert y[:, 3].isnan().all() and not y[:, 12:].isnan().any()
     finally:

@@ -3,7 +3,7 @@ and the float64 reference: bit-identical noise, matching outputs."""
 
 import pytest
 import torch
-from reference import gradient_ref, perturbed_linear_ref, reduce_metric_ref
+from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metric_ref
 
 import virtual_noise as vn
 from virtual_noise.cuda import generate_noise as gen
@@ -65,8 +65,9 @@ def test_shared_base_kernel(dtype, batch):
     x = torch.randn(40, batch, generator=g).to(dtype).t()  # strided x: (batch, 40)
     w, b = torch.randn(70, 40, generator=g).to(dtype), torch.randn(70, generator=g).to(dtype)
     for bias in (b, None):
-        base, pdl = lin._shared_base(x, w, bias, "ieee")
+        base, pdl, copy = lin._shared_base(x, w, bias, "ieee")
         assert base.dtype == torch.float32 and base.shape == (batch, 70) and not pdl  # no PDL off-GPU
+        assert copy is None
         want = x.double() @ w.double().t() + (bias.double() if bias is not None else 0)
         torch.testing.assert_close(base.double(), want, rtol=1e-5, atol=1e-4)
 
@@ -147,6 +148,41 @@ def test_row_scaled_fp16(in_f):
             assert 2.0**15 <= x16[r].float().abs().max().item() < 2.0**16, r
             assert (back[r] - _tf32(x[r])).abs().max().item() <= top[r].item() * 2.0**-39, r
     assert x16[6].isnan().sum().item() == 1 and x16[7, 0].item() == -float("inf")
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_perturbed_linear_on_row_scaled_copy(antithetic, with_bias, monkeypatch):
+    """The tl.dot kernel on x's row-scaled float16 copy (what float32 x at tf32 takes on Hopper at
+    batches of 33 to 128), forced here: the base kernel's launch writes the same copy as
+    row_scaled_fp16(), and the outputs are the float64 product of x truncated to tf32 with the
+    noise truncated to tf32 (float16 rtz), to float32 rounding, for rows from 1e-20 to 1e20."""
+    from virtual_noise.cuda import row_scaled_fp16 as rs
+
+    g = torch.Generator().manual_seed(17 + antithetic + 2 * with_bias)
+    m, batch, in_f, out_f = 3, 6, 70, 150  # a K tail, two output tiles
+    s = seeds_for(m, g)
+    x = torch.randn(batch, in_f, generator=g) * torch.logspace(-20, 20, batch)[:, None].float()
+    x = x.t().contiguous().t()  # strided x
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if with_bias else None
+    _, pdl, (x16, inv) = lin._shared_base(x, w, b, "ieee", row_scaled=True)
+    want16, want_inv = rs.row_scaled_fp16(x)
+    assert not pdl and torch.equal(x16[:, :in_f], want16) and torch.equal(inv, want_inv)
+
+    monkeypatch.setattr(lin, "_takes_copy", lambda *a: True)
+    y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 11, antithetic)
+    noise = noise_ref(s, out_f * in_f + out_f, 2**32 + 11, antithetic)
+    nw = noise[:, : out_f * in_f].reshape(-1, out_f, in_f)
+    want = x.double() @ w.double().t() + 0.3 * (_tf32(x).double() @ _tf32(nw.float()).double().transpose(1, 2))
+    if with_bias:
+        want += b.double() + 0.3 * noise[:, None, out_f * in_f:]
+    # each row's scale, and the bias's where it is added (its float32 rounding is absolute)
+    size = x.abs().amax(1).double()[None, :, None] + (1.0 if with_bias else 0.0)
+    err = ((y.double() - want).abs() / size).max().item()
+    assert err < 1e-5, err
+    # float32 x itself, untruncated, would be off by tf32's rounding: the check tells the two apart
+    assert ((perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 11, antithetic) - want).abs() / size).max() > 1e-4
 
 
 @pytest.mark.parametrize("antithetic", [False, True])

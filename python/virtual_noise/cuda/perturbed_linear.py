@@ -22,9 +22,12 @@ x's precision (float32 dots follow torch.get_float32_matmul_precision:
 "highest" -> tf32x3 in the kernel and float32 in the base GEMMs, else tf32); the
 noise enters the dot rounded to x's dtype (bf16/fp16 inputs) or at the fp32
 dot precision, so the sigma-scaled noise term's rounding is the only
-difference from the noise the gradient sees. (On Hopper, wide float32 x at
-tf32 enters the large-batch kernels as a row-scaled float16 copy holding the
-same tf32 values: row_scaled_fp16.py states what that changes.)
+difference from the noise the gradient sees. (On Hopper, wide shared float32
+x at tf32 enters the kernels as a row-scaled float16 copy holding the same tf32
+values, at batches over 32: row_scaled_fp16.py states what that changes. For
+batches up to 128 _shared_base_kernel makes the copy beside the base GEMM, and
+the forward kernel follows it without PDL: it reads the copy from its first K
+step.)
 """
 
 import functools
@@ -36,15 +39,22 @@ import triton.language as tl
 from . import perturbed_linear_large_batch as _large_batch
 from .device_info import fp32_dot_precision, supports_pdl
 from .noise_spec import counter_offset, noise_from_counter, seed_key
+from . import row_scaled_fp16
+from .row_scaled_fp16 import row_block, scale_row
 
 
 @triton.jit
 def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, stride_xk, stride_wn, stride_wk,
             noise0, noise1, lin0, lin1,
-            SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, ANTITHETIC: tl.constexpr, PRECISION: tl.constexpr):
+            SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, ANTITHETIC: tl.constexpr, PRECISION: tl.constexpr,
+            ROW_SCALED: tl.constexpr):
     """One K step: the (len(kk) x BN) noise tile from counters c[n] + lane_k[k], dotted with x."""
     x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
-    nt = noise_from_counter(c[None, :] + lane_k[:, None]).to(x0.dtype)  # (BK, BN): N_u^T
+    nt = noise_from_counter(c[None, :] + lane_k[:, None])  # (BK, BN): N_u^T
+    if ROW_SCALED:  # tf32's truncation of the noise, exactly (row_scaled_fp16.py)
+        nt = nt.to(tl.float16, fp_downcast_rounding="rtz")
+    else:
+        nt = nt.to(x0.dtype)
     noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
     if not SHARED_X and ANTITHETIC:
         x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
@@ -59,7 +69,7 @@ def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, st
 
 @triton.jit
 def _perturbed_linear_kernel(
-    x_ptr, w_ptr, b_ptr, base_ptr, out_ptr, seeds_ptr,
+    x_ptr, w_ptr, b_ptr, base_ptr, out_ptr, seeds_ptr, inv_ptr,
     batch, in_f, out_f,
     stride_xp, stride_xb, stride_xk,
     stride_wn, stride_wk,
@@ -67,7 +77,7 @@ def _perturbed_linear_kernel(
     sigma, w_offset, b_offset,
     SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-    K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr, GDC_WAIT: tl.constexpr,
+    K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr, GDC_WAIT: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):
     n_tiles = tl.cdiv(out_f, BN)
     u = tl.program_id(0) // n_tiles
@@ -98,7 +108,7 @@ def _perturbed_linear_kernel(
         noise0, noise1, lin0, lin1 = _k_step(
             x0_ptrs, w_ptr, offs_n, k0 + tl.arange(0, BK), c, lane_k, mask_m[:, None], mask_n[None, :],
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION)
+            PRECISION, ROW_SCALED)
         c += c_step
     if K_TAIL > 0:
         kt = k_main + tl.arange(0, K_TAIL)
@@ -107,7 +117,7 @@ def _perturbed_linear_kernel(
             x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL)),
             mask_m[:, None] & mask_t[None, :], mask_n[None, :] & mask_t[:, None],
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION)
+            PRECISION, ROW_SCALED)
 
     if HAS_BIAS:
         # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
@@ -136,6 +146,8 @@ def _perturbed_linear_kernel(
         base1 = base
         if not SHARED_X and ANTITHETIC:
             base1 = tl.load(base_ptrs + (i0 + 1) * stride_bp, mask=mask, other=0.0).to(tl.float32)
+    if ROW_SCALED:  # undo the rows' powers of two, exactly
+        noise0 = noise0 * tl.load(inv_ptr + offs_m, mask=mask_m, other=1.0)[:, None]
     if SHARED_X:
         noise1 = noise0
     out_ptrs = out_ptr + offs_m[:, None] * stride_ob + offs_n[None, :]
@@ -147,31 +159,41 @@ def _perturbed_linear_kernel(
 
 
 @triton.jit
-def _shared_base_kernel(x_ptr, w_ptr, b_ptr, base_ptr, batch, in_f, out_f, stride_xb, stride_xk, stride_wn, stride_wk,
+def _shared_base_kernel(x_ptr, w_ptr, b_ptr, base_ptr, x16_ptr, inv_ptr, batch, in_f, out_f,
+                        stride_xb, stride_xk, stride_wn, stride_wk, stride_hb,
                         HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        PRECISION: tl.constexpr, GDC_LAUNCH: tl.constexpr):
+                        PRECISION: tl.constexpr, GDC_LAUNCH: tl.constexpr, ROW_SCALED: tl.constexpr,
+                        ROW_BK: tl.constexpr):
     """base = x @ W^T + b in float32 for shared x with batch <= BM, one program per BN outputs.
 
     With GDC_LAUNCH each program first allows the dependent launch, so the
     forward kernel (launched with PDL) starts while this GEMM runs; the forward
     waits for it (griddepcontrol.wait) before it reads the base.
+    With ROW_SCALED, batch more programs follow the GEMM's, one per row of x,
+    writing x's row-scaled float16 copy (row_scaled_fp16.scale_row) for the
+    forward kernel's x operand.
     """
     if GDC_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_m = tl.arange(0, BM)
-    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    mask_m, mask_n = offs_m < batch, offs_n < out_f
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, in_f, BK):
-        kk = k0 + tl.arange(0, BK)
-        xt = tl.load(x_ptr + offs_m[:, None] * stride_xb + kk[None, :] * stride_xk,
-                     mask=mask_m[:, None] & (kk < in_f)[None, :], other=0.0)
-        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk,
-                     mask=mask_n[None, :] & (kk < in_f)[:, None], other=0.0)
-        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(base_ptr + offs_m[:, None] * out_f + offs_n[None, :], acc, mask=mask_m[:, None] & mask_n[None, :])
+    n_tiles = tl.cdiv(out_f, BN)
+    if ROW_SCALED and tl.program_id(0) >= n_tiles:  # one program per row of x's float16 copy
+        row = (tl.program_id(0) - n_tiles).to(tl.int64)
+        scale_row(x_ptr + row * stride_xb, stride_xk, in_f, x16_ptr + row * stride_hb, inv_ptr + row, ROW_BK)
+    else:
+        offs_m = tl.arange(0, BM)
+        offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+        mask_m, mask_n = offs_m < batch, offs_n < out_f
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, in_f, BK):
+            kk = k0 + tl.arange(0, BK)
+            xt = tl.load(x_ptr + offs_m[:, None] * stride_xb + kk[None, :] * stride_xk,
+                         mask=mask_m[:, None] & (kk < in_f)[None, :], other=0.0)
+            wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk,
+                         mask=mask_n[None, :] & (kk < in_f)[:, None], other=0.0)
+            acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(base_ptr + offs_m[:, None] * out_f + offs_n[None, :], acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
 @functools.lru_cache(maxsize=1024)  # on every call's host path, which bounds the small calls' rate
@@ -188,7 +210,10 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     ptxas takes 116 (4 per SM), which measured no faster than the bias hashed in
     the accumulator layout at 80 registers (6 per SM); the cap at 96 measured
     +2-7% over that on the B=64 rows, at 88 within +-2% (H200, side by side,
-    benchmarks/RESULTS.md, seventh session).
+    benchmarks/RESULTS.md, seventh session). Shared x at batches of 65-128 (128-row tiles) is
+    uncapped: at 96 its 64-register accumulator spilled 0.6-2.3 KiB per thread (offline ptxas),
+    and uncapped measured +9% to +94% at B=100 and 128 (H100, twenty-seventh session; the same
+    bits: the warps and registers do not change the order of the sums).
     """
     bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
     if batch > 128:
@@ -196,7 +221,7 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     bm = max(16, triton.next_power_of_2(batch))
     bk = min(32, max(16, triton.next_power_of_2(in_f)))
     if shared:  # 3 stages: x prefetched two K steps ahead (~+5% at in >= 1024)
-        return bm, bn, bk, 4, 3, 96
+        return bm, bn, bk, 4, 3, 96 if bm <= 64 else None
     return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2, None
 
 
@@ -224,9 +249,9 @@ def _cublas_base(x2, weight, bias, out=None):
     return torch.mm(x2, wt, **result)
 
 
-def _shared_base(x, weight, bias, precision):
+def _shared_base(x, weight, bias, precision, row_scaled=False):
     """(x @ W^T + b in float32 for shared x, whether the forward kernel may follow programmatically
-    dependent on the kernel that computed it).
+    dependent on the kernel that computed it, x's row-scaled float16 copy (x16, inv_scale) or None).
 
     Batches up to 128 on Hopper and later: _shared_base_kernel, which lets the forward kernel
     launch at once (PDL), so the forward's K loops run beside this small GEMM instead of after
@@ -236,19 +261,25 @@ def _shared_base(x, weight, bias, precision):
     Its float32 precision follows the forward's: tf32 at "high", float32 products and sums at
     "highest" (as cuBLAS). The interpreter runs it too (without PDL), so CI covers it. Larger
     batches, where this GEMM is a smaller part of the call, and older GPUs take cuBLAS.
+    With row_scaled, the kernel's launch also writes x's copy (row_scaled_fp16.py) for the forward
+    kernel, which then reads it from its first K step and so launches after it, without PDL.
     """
     batch, in_f = x.shape
     pdl = supports_pdl(x.device)
     if batch > 128 or (x.is_cuda and not pdl):
-        return _cublas_base(x, weight, bias), False
+        return _cublas_base(x, weight, bias), False, None
     out_f = weight.shape[0]
     base = torch.empty(batch, out_f, dtype=torch.float32, device=x.device)
-    _shared_base_kernel[(triton.cdiv(out_f, BASE_BN),)](
-        x, weight, bias if bias is not None else weight, base, batch, in_f, out_f,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+    x16, inv = row_scaled_fp16.empty_copy(x) if row_scaled else (base, base)
+    pdl = pdl and not row_scaled  # the forward reads the copy from its first K step: nothing to overlap
+    n_tiles = triton.cdiv(out_f, BASE_BN)
+    _shared_base_kernel[(n_tiles + (batch if row_scaled else 0),)](
+        x, weight, bias if bias is not None else weight, base, x16, inv, batch, in_f, out_f,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), x16.stride(0),
         HAS_BIAS=bias is not None, BM=max(16, triton.next_power_of_2(batch)), BN=BASE_BN, BK=BASE_BK,
-        PRECISION="ieee" if precision == "tf32x3" else precision, GDC_LAUNCH=pdl, num_warps=4)
-    return base, pdl
+        PRECISION="ieee" if precision == "tf32x3" else precision, GDC_LAUNCH=pdl, ROW_SCALED=row_scaled,
+        ROW_BK=row_block(in_f), num_warps=4)
+    return base, pdl, (x16, inv) if row_scaled else None
 
 
 def _base_in_out(x, out) -> bool:
@@ -266,6 +297,12 @@ def _base_in_out(x, out) -> bool:
     return True
 
 
+def _takes_copy(x, precision) -> bool:
+    """Whether shared float32 x at tf32 enters the kernel as its row-scaled float16 copy (made by
+    _shared_base_kernel, so batches up to 128 on Hopper and later): see row_scaled_fp16.serves_tl_dot."""
+    return precision == "tf32" and row_scaled_fp16.serves_tl_dot(x)
+
+
 def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     pop = seeds.numel() * (2 if antithetic else 1)
     out_f, in_f = weight.shape
@@ -277,8 +314,9 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     seeds = seeds.to(torch.int64).contiguous()
     precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
     pdl = False  # whether the forward kernel launches programmatically dependent on the base kernel
+    copy = None  # (x16, inv): x's row-scaled float16 copy, for the kernel's x operand
     if shared:  # the shared part, once
-        base, pdl = _shared_base(x, weight, bias, precision)
+        base, pdl, copy = _shared_base(x, weight, bias, precision, _takes_copy(x, precision))
         stride_bp, stride_bb, w_in_kernel = 0, out_f, False
     elif _base_in_out(x, out):  # x_i @ W^T + b, for all individuals at once, written into out
         base = out
@@ -289,13 +327,13 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     if shared and _large_batch.applies(x, precision, antithetic) and _large_batch.launch(
             x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic):
         return out
-    x3 = x if not shared else x[None]
+    x3 = x if not shared else (x if copy is None else copy[0])[None]
     bm, bn, bk, warps, stages, maxnreg = tiles(batch, out_f, in_f, shared)
     rem = in_f % bk
     k_tail = max(16, triton.next_power_of_2(rem)) if rem else 0
     grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
     _perturbed_linear_kernel[grid](
-        x3, weight, bias if bias is not None else weight, base, out, seeds,
+        x3, weight, bias if bias is not None else weight, base, out, seeds, copy[1] if copy else seeds,
         batch, in_f, out_f,
         0 if shared else x3.stride(0), x3.stride(1), x3.stride(2),
         weight.stride(0), weight.stride(1),
@@ -303,6 +341,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
         float(sigma), offset, offset + out_f * in_f,
         SHARED_X=shared, W_IN_KERNEL=w_in_kernel, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
         BM=bm, BN=bn, BK=bk, PRECISION=precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail, GDC_WAIT=pdl,
+        ROW_SCALED=copy is not None,
         num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -1,5 +1,11 @@
 """float32 x at tf32 precision, held as float16 scaled by a power of two per row.
 
+Shared float32 x reaches the Hopper kernels this way where it pays (serves,
+serves_tl_dot): the Gluon kernels for batches over 128 (a copy by
+_row_scaled_fp16_kernel) and the tl.dot kernel for batches up to 128 (a copy
+made beside the base GEMM by perturbed_linear._shared_base_kernel, with
+scale_row).
+
 Why: wgmma's tf32 operands are float32 values truncated to their top 11
 significant bits (the Gluon kernels' float32 route matches tl.dot's tf32 bit
 for bit, GPU tests), which is float16's significand. Float16 wgmma runs at twice tf32's
@@ -39,13 +45,20 @@ MAX_BYTES = 64 << 20  # the float16 copy of x is extra memory: the budget beside
 # (benchmarks/RESULTS.md, twenty-sixth session) 512 inputs gained 11-20% plain and lost 6-22%
 # antithetic (two output tiles to store per accumulator), 4096 gained 33% both ways, 256 lost.
 MIN_IN_F = 512  # inputs per output tile stored: antithetic calls need twice as many
+# The tl.dot kernel (batches up to 128) gets the copy from _shared_base_kernel in the same launch as
+# the base GEMM, and must wait for both before its first K step (float32 x overlaps that GEMM instead).
+# GPU time (CUDA graph replay) on an H100 side by side (RESULTS.md, twenty-seventh session): P=1024 B=64
+# 784->256 +6.4%, antithetic +6.5%; B=128 +21-22%; P=16384 B=64 512->2048 +12-14%; B=16 -3% to -4%
+# (the wait is a larger share of its shorter K loops), B=32 within +-1%. Narrower x gains GPU time too
+# (256 inputs +5%), but such calls are short enough to be bound by the host, to which the copy adds
+# ~20 us per call (its two allocations and arguments).
+TL_DOT_MIN_BATCH = 32  # the copy from 33 rows
+TL_DOT_MIN_IN_F = 512
 
 
 @triton.jit
-def _row_scaled_fp16_kernel(x_ptr, x16_ptr, inv_ptr, in_f, stride_xb, stride_xk, stride_hb, BK: tl.constexpr):
-    """One program per row: its scale exponent from the largest magnitude, then the float16 row."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xb
+def scale_row(x_row, stride_xk, in_f, x16_row, inv_at, BK: tl.constexpr):
+    """One row: its scale exponent from the largest magnitude, then the float16 row and 2^-shift."""
     # The largest |x| as integer bits: for non-negative floats, integer order is value order,
     # and NaN's bits sort above Inf's, so one max finds both and the exponent field says which.
     top = tl.zeros((BK,), dtype=tl.int32)
@@ -57,32 +70,57 @@ def _row_scaled_fp16_kernel(x_ptr, x16_ptr, inv_ptr, in_f, stride_xb, stride_xk,
     # 2^shift moves m into [2^15, 2^16), float16's top binade: shift = 15 - (biased - 127).
     shift = tl.where(biased == 255, 0, tl.minimum(142 - biased, 126))
     scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(inv_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+    tl.store(inv_at, ((127 - shift) << 23).to(tl.float32, bitcast=True))
     for k0 in range(0, in_f, BK):
         kk = k0 + tl.arange(0, BK)
         v = tl.load(x_row + kk * stride_xk, mask=kk < in_f, other=0.0)
-        tl.store(x16_ptr + row * stride_hb + kk, (v * scale).to(tl.float16, fp_downcast_rounding="rtz"),
-                 mask=kk < in_f)
+        tl.store(x16_row + kk, (v * scale).to(tl.float16, fp_downcast_rounding="rtz"), mask=kk < in_f)
+
+
+@triton.jit
+def _row_scaled_fp16_kernel(x_ptr, x16_ptr, inv_ptr, in_f, stride_xb, stride_xk, stride_hb, BK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    scale_row(x_ptr + row * stride_xb, stride_xk, in_f, x16_ptr + row * stride_hb, inv_ptr + row, BK)
+
+
+def serves_tl_dot(x: torch.Tensor) -> bool:
+    """Whether the tl.dot kernel (batches up to 128) takes 2-D float32 x at tf32 as its copy: x at least
+    TL_DOT_MIN_IN_F wide, over TL_DOT_MIN_BATCH rows."""
+    return TL_DOT_MIN_BATCH < x.shape[0] and x.shape[1] >= TL_DOT_MIN_IN_F and _copy_bytes(x) <= MAX_BYTES
 
 
 def serves(x: torch.Tensor, antithetic: bool) -> bool:
-    """Whether the Hopper kernels take 2-D float32 x at tf32 as its row-scaled float16 copy: x at
+    """Whether the Hopper Gluon kernels take 2-D float32 x at tf32 as its row-scaled float16 copy: x at
     least MIN_IN_F wide per output stored, and the copy within MAX_BYTES."""
-    wide = x.shape[1] >= MIN_IN_F * (2 if antithetic else 1)
-    return wide and x.shape[0] * _row_stride(x.shape[1]) * 2 <= MAX_BYTES
+    return x.shape[1] >= MIN_IN_F * (2 if antithetic else 1) and _copy_bytes(x) <= MAX_BYTES
+
+
+def _copy_bytes(x: torch.Tensor) -> int:
+    return x.shape[0] * _row_stride(x.shape[1]) * 2
 
 
 def _row_stride(in_f: int) -> int:
     return triton.cdiv(in_f, 8) * 8  # 16-byte rows, as TMA descriptors need
 
 
+def row_block(in_f: int) -> int:
+    """scale_row's block: one pass over rows up to 1024 wide."""
+    return min(1024, max(16, triton.next_power_of_2(in_f)))
+
+
+def empty_copy(x: torch.Tensor):
+    """Uninitialized (x16, inv_scale) for 2-D x: float16 rows of _row_stride(in_f) elements (16-byte
+    aligned; the first in_f are the row), and one float32 per row."""
+    batch, in_f = x.shape
+    x16 = torch.empty(batch, _row_stride(in_f), dtype=torch.float16, device=x.device)
+    return x16, torch.empty(batch, dtype=torch.float32, device=x.device)
+
+
 def row_scaled_fp16(x: torch.Tensor):
     """(x16, inv_scale) for 2-D float32 x: x16[r] = truncate_fp16(x[r] * 2^s_r), a (batch, in_f)
     view with 16-byte aligned rows, and inv_scale[r] = 2^-s_r (float32), so that
     x[r] @ v == inv_scale[r] * (x16[r] @ v) for tf32-truncated v, as the module docstring bounds."""
-    batch, in_f = x.shape
-    x16 = torch.empty(batch, _row_stride(in_f), dtype=torch.float16, device=x.device)[:, :in_f]
-    inv = torch.empty(batch, dtype=torch.float32, device=x.device)
-    _row_scaled_fp16_kernel[(batch,)](x, x16, inv, in_f, x.stride(0), x.stride(1), x16.stride(0),
-                                      BK=min(1024, max(16, triton.next_power_of_2(in_f))), num_warps=4)
-    return x16, inv
+    x16, inv = empty_copy(x)
+    _row_scaled_fp16_kernel[(x.shape[0],)](x, x16, inv, x.shape[1], x.stride(0), x.stride(1), x16.stride(0),
+                                           BK=row_block(x.shape[1]), num_warps=4)
+    return x16[:, :x.shape[1]], inv
