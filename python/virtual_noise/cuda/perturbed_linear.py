@@ -25,9 +25,9 @@ dot precision, so the sigma-scaled noise term's rounding is the only
 difference from the noise the gradient sees. (On Hopper, wide shared float32
 x at tf32 enters the kernels as a row-scaled float16 copy holding the same tf32
 values, at batches over 32: row_scaled_fp16.py states what that changes. For
-batches up to 128 _shared_base_kernel makes the copy beside the base GEMM, and
-the forward kernel follows it without PDL: it reads the copy from its first K
-step.)
+batches up to 128, on Hopper and later, _shared_base_kernel makes the copy
+beside the base GEMM, and the forward kernel follows it without PDL: it reads
+the copy from its first K step.)
 """
 
 import functools
@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 
 from . import perturbed_linear_large_batch as _large_batch
+from . import row_scaled_fp16
 from .device_info import fp32_dot_precision, supports_pdl
 from .noise_spec import counter_offset, noise_from_counter, seed_key
-from . import row_scaled_fp16
 from .row_scaled_fp16 import row_block, scale_row
 
 
@@ -333,7 +333,8 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     k_tail = max(16, triton.next_power_of_2(rem)) if rem else 0
     grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
     _perturbed_linear_kernel[grid](
-        x3, weight, bias if bias is not None else weight, base, out, seeds, copy[1] if copy else seeds,
+        x3, weight, bias if bias is not None else weight, base, out, seeds,
+        copy[1] if copy else seeds,  # inv_ptr, read only with ROW_SCALED
         batch, in_f, out_f,
         0 if shared else x3.stride(0), x3.stride(1), x3.stride(2),
         weight.stride(0), weight.stride(1),
