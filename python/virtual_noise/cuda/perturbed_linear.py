@@ -211,7 +211,7 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     the accumulator layout at 80 registers (6 per SM); the cap at 96 measured
     +2-7% over that on the B=64 rows, at 88 within +-2% (H200, side by side,
     benchmarks/RESULTS.md, seventh session). Shared x at batches of 65-128 (128-row tiles) is
-    uncapped: at 96 its 64-register accumulator spilled 0.6-2.3 KiB per thread (offline ptxas),
+    uncapped: at 96 its 64-register accumulator spilled 0.7-1.5 KiB per thread (offline ptxas),
     and uncapped measured +9% to +94% at B=100 and 128 (H100, twenty-seventh session; the same
     bits: the warps and registers do not change the order of the sums).
     """
