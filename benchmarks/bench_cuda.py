@@ -274,7 +274,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     roof, tf32, rows, records = run(args.quick)
-    head = [machine_line().replace(os.uname().nodename, ""), f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__}",
+    head = [machine_line(), f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__}",
             "Roofs (generation only): " + ", ".join(f"{k} {v:.0f} G el/s" for k, v in roof.items())
             + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s"]
     table = markdown_table(["op", "shape", "ms", "1-call ms", "G el/s", "of roof", "peak extra MiB", "naive ms", "naive G el/s",

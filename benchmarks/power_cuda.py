@@ -122,7 +122,7 @@ def main():
         rows.append([name, f"{ms:.3f}", f"{rec['rate']:.0f} {unit}", f"{rec['watts']:.0f}", f"{rec['sm_mhz']:.0f}",
                      f"{rec['power_capped']:.0%}", f"{rec['celsius']:.0f}"])
         time.sleep(1.0)  # back towards idle between windows
-    head = [machine_line().replace(os.uname().nodename, ""),
+    head = [machine_line(),
             f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__} | power limit, max SM clock: {limit}"
             + (f" | idle {idle[0][0]:.0f} W at {idle[0][1]:.0f} MHz" if idle else "")]
     table = markdown_table(["workload", "ms per call", "rate", "board W", "SM MHz", "power-capped samples", "deg C"],

@@ -72,6 +72,19 @@ def test_shared_base_kernel(dtype, batch):
         torch.testing.assert_close(base.double(), want, rtol=1e-5, atol=1e-4)
 
 
+def test_launch_math_matches_triton():
+    """The launchers' host-side cdiv and next_power_of_2 (plain Python, cheaper per call than triton's
+    constexpr_functions) give triton's values, so grids and block sizes are unchanged."""
+    import triton
+
+    from virtual_noise.cuda import launch_math as lm
+
+    for n in list(range(0, 4200)) + [2**k + d for k in range(12, 46) for d in (-1, 0, 1)]:
+        assert lm.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 8, 16, 32, 64, 128, 255, 256, 1024):
+            assert lm.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
 def test_perturbed_linear_strided_and_tiny():
     g = torch.Generator().manual_seed(1)
     s = seeds_for(4, g)

@@ -4,6 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import cdiv
 from .noise_spec import noise_at, seed_key
 
 
@@ -23,6 +24,6 @@ def generate_noise(seeds: torch.Tensor, n_elements: int, offset: int) -> torch.T
     if out.numel() == 0:
         return out
     block_s, block_e = 4, 1024
-    grid = (triton.cdiv(n_elements, block_e), triton.cdiv(seeds.numel(), block_s))
+    grid = (cdiv(n_elements, block_e), cdiv(seeds.numel(), block_s))
     _generate_noise_kernel[grid](seeds, out, seeds.numel(), n_elements, offset, BLOCK_S=block_s, BLOCK_E=block_e)
     return out

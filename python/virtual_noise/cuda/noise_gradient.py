@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .device_info import sm_count
+from .launch_math import cdiv
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 
@@ -48,11 +49,11 @@ def noise_weighted_sum(fitness, seeds, n, sigma, pop_size, offset, antithetic):
     seeds = seeds.to(torch.int64).contiguous()
     units = seeds.numel()
     block_e, block_u, warps = config(n, units)
-    e_blocks = triton.cdiv(n, block_e)
+    e_blocks = cdiv(n, block_e)
     target = 4 * sm_count(device)  # programs to fill the device
-    splits = max(1, min(triton.cdiv(units, 4 * block_u), triton.cdiv(target, e_blocks)))
-    per_split = triton.cdiv(triton.cdiv(units, splits), block_u) * block_u
-    splits = triton.cdiv(units, per_split)
+    splits = max(1, min(cdiv(units, 4 * block_u), cdiv(target, e_blocks)))
+    per_split = cdiv(cdiv(units, splits), block_u) * block_u
+    splits = cdiv(units, per_split)
     partial = torch.empty(splits, n, dtype=torch.float32, device=device)
     _noise_gradient_kernel[(e_blocks, splits)](coef, seeds, partial, n, units, per_split, offset,
                                               BLOCK_U=block_u, BLOCK_E=block_e, num_warps=warps)

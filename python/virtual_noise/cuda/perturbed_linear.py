@@ -39,6 +39,7 @@ import triton.language as tl
 from . import perturbed_linear_large_batch as _large_batch
 from . import row_scaled_fp16
 from .device_info import fp32_dot_precision, supports_pdl
+from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 from .row_scaled_fp16 import row_block, scale_row
 
@@ -215,11 +216,11 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     and uncapped measured +9% to +94% at B=100 and 128 (H100, twenty-seventh session; the same
     bits: the warps and registers do not change the order of the sums).
     """
-    bn = 64 if out_f >= 64 else max(16, triton.next_power_of_2(out_f))
+    bn = 64 if out_f >= 64 else max(16, next_power_of_2(out_f))
     if batch > 128:
         return 256, bn, 32, 4, 3, None
-    bm = max(16, triton.next_power_of_2(batch))
-    bk = min(32, max(16, triton.next_power_of_2(in_f)))
+    bm = max(16, next_power_of_2(batch))
+    bk = min(32, max(16, next_power_of_2(in_f)))
     if shared:  # 3 stages: x prefetched two K steps ahead (~+5% at in >= 1024)
         return bm, bn, bk, 4, 3, 96 if bm <= 64 else None
     return bm, bn, bk, 2 if bm == 16 else (4 if bm == 32 else 8), 2, None
@@ -272,11 +273,11 @@ def _shared_base(x, weight, bias, precision, row_scaled=False):
     base = torch.empty(batch, out_f, dtype=torch.float32, device=x.device)
     x16, inv = row_scaled_fp16.empty_copy(x) if row_scaled else (base, base)
     pdl = pdl and not row_scaled  # the forward reads the copy from its first K step: nothing to overlap
-    n_tiles = triton.cdiv(out_f, BASE_BN)
+    n_tiles = cdiv(out_f, BASE_BN)
     _shared_base_kernel[(n_tiles + (batch if row_scaled else 0),)](
         x, weight, bias if bias is not None else weight, base, x16, inv, batch, in_f, out_f,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), x16.stride(0),
-        HAS_BIAS=bias is not None, BM=max(16, triton.next_power_of_2(batch)), BN=BASE_BN, BK=BASE_BK,
+        HAS_BIAS=bias is not None, BM=max(16, next_power_of_2(batch)), BN=BASE_BN, BK=BASE_BK,
         PRECISION="ieee" if precision == "tf32x3" else precision, GDC_LAUNCH=pdl, ROW_SCALED=row_scaled,
         ROW_BK=row_block(in_f), num_warps=4)
     return base, pdl, (x16, inv) if row_scaled else None
@@ -330,8 +331,8 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     x3 = x if not shared else (x if copy is None else copy[0])[None]
     bm, bn, bk, warps, stages, maxnreg = tiles(batch, out_f, in_f, shared)
     rem = in_f % bk
-    k_tail = max(16, triton.next_power_of_2(rem)) if rem else 0
-    grid = (seeds.numel() * triton.cdiv(out_f, bn), triton.cdiv(batch, bm))
+    k_tail = max(16, next_power_of_2(rem)) if rem else 0
+    grid = (seeds.numel() * cdiv(out_f, bn), cdiv(batch, bm))
     _perturbed_linear_kernel[grid](
         x3, weight, bias if bias is not None else weight, base, out, seeds,
         copy[1] if copy else seeds,  # inv_ptr, read only with ROW_SCALED

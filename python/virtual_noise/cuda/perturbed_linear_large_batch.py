@@ -67,6 +67,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 
 from . import row_scaled_fp16
 from .device_info import compute_capability, max_shared_memory, sm_count
+from .launch_math import cdiv
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
 BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
@@ -375,7 +376,7 @@ def _noise_slab_stages(x, programs: int) -> int:
     if batch <= BB or programs < SLAB_MIN_PROGRAMS_PER_SM * sm_count(x.device):
         return 0
     es, bk = x.element_size(), 128 // x.element_size()
-    slab = BO * triton.cdiv(in_f, bk) * bk * es
+    slab = BO * cdiv(in_f, bk) * bk * es
     stages = (max_shared_memory(x.device) - 1024 - slab) // (SLAB_BB * bk * es)  # 1 KiB: the mbarriers
     return min(stages, SLAB_STAGES[0]) if stages >= SLAB_STAGES[1] else 0
 
@@ -388,7 +389,7 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     out_f = out.shape[-1]
     bk = 128 // x.element_size()  # 128-byte rows: the widest TMA / wgmma swizzle
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * x.element_size(), rank=2)
-    n_tiles = triton.cdiv(out_f, BO)
+    n_tiles = cdiv(out_f, BO)
     slab_stages = _noise_slab_stages(x, seeds.numel() * n_tiles)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [SLAB_BB if slab_stages else BB, bk], layout)
     args = (x_desc, base, out, seeds, inv_scale if inv_scale is not None else base, batch, in_f, out_f,
@@ -396,8 +397,8 @@ def _launch(x, base, out, seeds, sigma, w_offset, b_offset, has_bias, antithetic
     row_scaled = inv_scale is not None
     if slab_stages:
         _noise_slab_kernel[(seeds.numel() * n_tiles,)](
-            *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, ROW_SCALED=row_scaled, BO=BO, KSTEPS=triton.cdiv(in_f, bk),
+            *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, ROW_SCALED=row_scaled, BO=BO, KSTEPS=cdiv(in_f, bk),
             STAGES=slab_stages, WORKER_REGS=SLAB_WORKER_REGS, num_warps=4)
         return
-    _large_batch_kernel[(seeds.numel() * n_tiles, triton.cdiv(batch, BB))](
+    _large_batch_kernel[(seeds.numel() * n_tiles, cdiv(batch, BB))](
         *args, HAS_BIAS=has_bias, ANTITHETIC=antithetic, ROW_SCALED=row_scaled, BO=BO, STAGES=STAGES, num_warps=WARPS)

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .device_info import sm_count
+from .launch_math import cdiv
 from .noise_spec import noise_at, seed_key
 
 
@@ -55,10 +56,10 @@ def reduce_metric(center, seeds, sigma, n_params, offset, antithetic):
     c = center.reshape(-1).contiguous()
     seeds = seeds.to(torch.int64).contiguous()
     block_u, block_e, warps = config(n_params, units)
-    u_blocks = triton.cdiv(units, block_u)
-    n_chunks = max(1, min(triton.cdiv(n_params, 4 * block_e), triton.cdiv(4 * sm_count(device), u_blocks)))
-    chunk = triton.cdiv(triton.cdiv(n_params, n_chunks), block_e) * block_e
-    n_chunks = triton.cdiv(n_params, chunk)
+    u_blocks = cdiv(units, block_u)
+    n_chunks = max(1, min(cdiv(n_params, 4 * block_e), cdiv(4 * sm_count(device), u_blocks)))
+    chunk = cdiv(cdiv(n_params, n_chunks), block_e) * block_e
+    n_chunks = cdiv(n_params, chunk)
     partial = torch.empty(pop, n_chunks, dtype=torch.float32, device=device)
     _reduce_metric_kernel[(u_blocks, n_chunks)](c, seeds, partial, n_params, units, chunk, n_chunks, float(sigma),
                                                offset, ANTITHETIC=antithetic, BLOCK_U=block_u, BLOCK_E=block_e,

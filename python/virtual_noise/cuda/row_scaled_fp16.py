@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import cdiv, next_power_of_2
+
 MAX_BYTES = 64 << 20  # the float16 copy of x is extra memory: the budget beside the output
 # The copy pays where the K loops are long next to the epilogues: on an H100 side by side
 # (benchmarks/RESULTS.md, twenty-sixth session) 512 inputs gained 11-20% plain and lost 6-22%
@@ -100,12 +102,12 @@ def _copy_bytes(x: torch.Tensor) -> int:
 
 
 def _row_stride(in_f: int) -> int:
-    return triton.cdiv(in_f, 8) * 8  # 16-byte rows, as TMA descriptors need
+    return cdiv(in_f, 8) * 8  # 16-byte rows, as TMA descriptors need
 
 
 def row_block(in_f: int) -> int:
     """scale_row's block: one pass over rows up to 1024 wide."""
-    return min(1024, max(16, triton.next_power_of_2(in_f)))
+    return min(1024, max(16, next_power_of_2(in_f)))
 
 
 def empty_copy(x: torch.Tensor):
