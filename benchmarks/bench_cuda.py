@@ -7,7 +7,10 @@ Prints a markdown table (noise elements/s, fraction of the roof, peak extra
 memory beyond the output, ratio to naive) and writes bench_cuda.{md,json,png}.
 Float32 dots run at torch's "high" precision (tf32), the rate the targets use.
 "ms" is the steady-state GPU time per call (calls enqueued back to back, so
-host work overlaps the kernels); "1-call ms" is one synchronous call's latency.
+host work overlaps the kernels); "graph ms" the same calls replayed from one
+CUDA graph, so without the host's per-call work (the rate when the host keeps
+up, and what torch.compile's "reduce-overhead" mode gives); "1-call ms" is one
+synchronous call's latency. "G el/s" is taken from "ms".
 """
 
 from __future__ import annotations
@@ -60,6 +63,35 @@ def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):
         a.record()
         for _ in range(n):
             fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / n)
+    return statistics.median(times)
+
+
+def graph_ms(fn, repeats=5, sample_ms=5.0):
+    """Median GPU time per call, in ms, of n calls captured in one CUDA graph and replayed.
+
+    Eager calls of the short rows are bound by the host on some machines: their host work
+    (dispatch, argument checks, two Triton launches; ~100 us per forward on a fast H100 host)
+    was measured at up to 2.4 times that for seconds at a time (RESULTS.md, twenty-eighth
+    session), which "ms" then reads instead of the kernels. A replay has no per-call host work.
+    """
+    n = max(1, min(200, int(sample_ms / max(single_call_ms(fn), 1e-3))))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up on the side stream, as capture requires
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / n)
@@ -158,14 +190,15 @@ def naive_reduce(c, pop, sigma):
     return (c + sigma * (torch.rand(pop, c.numel(), device=c.device) - 0.5)).abs().mean(dim=1)
 
 
-def measure(fn, repeats):
+def measure(fn, repeats, graph=True):
+    """(steady-state ms, peak extra MiB, 1-call ms, graph-replay ms or None); all None on OOM."""
     try:
         ms = cuda_median_ms(fn, repeats=repeats)
         mem = peak_extra_mib(fn)
-        return ms, mem, single_call_ms(fn)
+        return ms, mem, single_call_ms(fn), graph_ms(fn) if graph else None
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        return None, None, None
+        return None, None, None, None
 
 
 FORWARD = [  # (P, B, in, out, per-individual x)
@@ -205,17 +238,19 @@ def run(quick: bool):
     rows, records = [], []
 
     def add(kind, shape, elements, ours, naive, anti, flops=None):
-        ms, mem, ms1 = ours
-        nms, nmem, _ = naive
+        ms, mem, ms1, gms = ours
+        nms, nmem, _, _ = naive
         rate = elements / ms / 1e6
-        rec = dict(kind=kind, shape=shape, antithetic=anti, ms=ms, one_call_ms=ms1, g_el_s=rate, roof_frac=rate / roof_g,
+        rec = dict(kind=kind, shape=shape, antithetic=anti, ms=ms, one_call_ms=ms1, graph_ms=gms,
+                   graph_g_el_s=elements / gms / 1e6, g_el_s=rate, roof_frac=rate / roof_g,
                    peak_extra_mib=mem, naive_ms=nms, naive_g_el_s=None if nms is None else elements / nms / 1e6,
                    naive_peak_extra_mib=nmem, speedup=None if nms is None else nms / ms)
         if flops is not None:
             rec["tflops"] = flops / ms / 1e9
             rec["tf32_frac"] = rec["tflops"] / tf32
         records.append(rec)
-        rows.append([kind + (" antithetic" if anti else ""), shape, f"{ms:.3f}", f"{ms1:.3f}", f"{rate:.0f}", f"{rec['roof_frac']:.0%}",
+        rows.append([kind + (" antithetic" if anti else ""), shape, f"{ms:.3f}", f"{gms:.3f}", f"{ms1:.3f}", f"{rate:.0f}",
+                     f"{rec['graph_g_el_s']:.0f}", f"{rec['roof_frac']:.0%}",
                      f"{mem:.1f}", "OOM" if nms is None else f"{nms:.2f}",
                      "OOM" if nms is None else f"{rec['naive_g_el_s']:.0f}", "-" if nms is None else f"{rec['speedup']:.1f}x",
                      "" if flops is None else f"{rec['tflops']:.0f} TFLOP/s = {rec['tf32_frac']:.0%} of tf32"
@@ -223,21 +258,21 @@ def run(quick: bool):
 
     for P, B, i, o, per in FORWARD[:2] if quick else FORWARD:
         x, w, b, shape = forward_inputs(P, B, i, o, per, g)
-        naive = measure(lambda: naive_forward(x, w, b, P, sigma), 3)
+        naive = measure(lambda: naive_forward(x, w, b, P, sigma), 3, graph=False)
         for anti in (False, True):
             ours = measure(forward_call(x, w, b, P, anti), 10)
             add("forward", shape, P * o * i, ours, naive, anti,
                 flops=2 * P * B * i * o if B >= 1024 else None)
     for P, o, i in GRADIENT[:1] if quick else GRADIENT:
         f = torch.randn(P, device="cuda", generator=g)
-        naive = measure(lambda: naive_gradient(f, o * i, P, sigma), 3)
+        naive = measure(lambda: naive_gradient(f, o * i, P, sigma), 3, graph=False)
         for anti in (False, True):
             seeds = torch.arange(P // 2 if anti else P, device="cuda")
             ours = measure(lambda: vn.virtual_weight_gradient(f, seeds, (o, i), sigma, P, 0, antithetic=anti), 10)
             add("weight gradient", f"P={P} {o}x{i}", P * o * i, ours, naive, anti)
     for P, n in [] if quick else REDUCE:
         c = torch.randn(n, device="cuda", generator=g)
-        naive = measure(lambda: naive_reduce(c, P, sigma), 3)
+        naive = measure(lambda: naive_reduce(c, P, sigma), 3, graph=False)
         for anti in (False, True):
             seeds = torch.arange(P // 2 if anti else P, device="cuda")
             ours = measure(lambda: vn.virtual_reduce_metric(c, seeds, sigma, n, 0, antithetic=anti), 5)
@@ -277,8 +312,8 @@ def main():
     head = [machine_line(), f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__}",
             "Roofs (generation only): " + ", ".join(f"{k} {v:.0f} G el/s" for k, v in roof.items())
             + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s"]
-    table = markdown_table(["op", "shape", "ms", "1-call ms", "G el/s", "of roof", "peak extra MiB", "naive ms", "naive G el/s",
-                            "speed-up", "matmul"], rows)
+    table = markdown_table(["op", "shape", "ms", "graph ms", "1-call ms", "G el/s", "graph G el/s", "of roof", "peak extra MiB",
+                            "naive ms", "naive G el/s", "speed-up", "matmul"], rows)
     text = "\n".join(head) + "\n\n" + table + "\n"
     print(text)
     os.makedirs(args.out, exist_ok=True)
