@@ -41,6 +41,11 @@ def roof_programs() -> int:
     return ROOF_PROGRAMS_PER_SM * sm_count(torch.device("cuda"))
 
 
+def calls_per_sample(fn, sample_ms):
+    """Calls of fn that one timed sample enqueues so that it lasts about sample_ms (1 to 200)."""
+    return max(1, min(200, int(sample_ms / max(single_call_ms(fn), 1e-3))))
+
+
 def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):
     """Median GPU time per call in steady state, in ms.
 
@@ -55,7 +60,7 @@ def cuda_median_ms(fn, repeats=10, warmup=2, sample_ms=5.0):
     """
     for _ in range(warmup):
         fn()
-    n = max(1, min(200, int(sample_ms / max(single_call_ms(fn), 1e-3))))
+    n = calls_per_sample(fn, sample_ms)
     times = []
     for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -77,7 +82,7 @@ def graph_ms(fn, repeats=5, sample_ms=5.0):
     was measured at up to 2.4 times that for seconds at a time (RESULTS.md, twenty-eighth
     session), which "ms" then reads instead of the kernels. A replay has no per-call host work.
     """
-    n = max(1, min(200, int(sample_ms / max(single_call_ms(fn), 1e-3))))
+    n = calls_per_sample(fn, sample_ms)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
