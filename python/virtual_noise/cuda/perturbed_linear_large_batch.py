@@ -8,9 +8,13 @@ with x tiles streaming in through a TMA ring:
 
 - _large_batch_kernel, one program per (individual, output tile, batch tile):
   the noise tile is hashed straight into the register layout of wgmma's A
-  operand, and the hash of K step k+1 runs while the asynchronous wgmma of
-  step k is in flight. Measured on an H200 side by side with the tl.dot kernel
-  (benchmarks/RESULTS.md): +32% at P=64 B=256 4096->4096, +32% at P=256 B=1024.
+  operand, and the hash of K step k+1 is issued while the asynchronous wgmma
+  of step k is in flight. Measured on an H200 side by side with the tl.dot
+  kernel (benchmarks/RESULTS.md): +32% at P=64 B=256 4096->4096, +32% at
+  P=256 B=1024. The SM still runs the two by turns: at 4096->4096 on an H100
+  the K loop takes the cycles of the hash alone plus those of the wgmmas alone,
+  with the noise operand in registers or in shared memory (RESULTS.md,
+  twenty-ninth session); that sum bounds the row.
 - _noise_slab_kernel, one program per (individual, output tile) looping over
   the batch tiles: the first batch tile hashes the whole BO x in_f noise slab
   into shared memory, later ones reuse it, so each noise element is hashed
