@@ -45,6 +45,57 @@ def test_cpu_only_import_does_not_load_triton():
     assert proc.stdout.strip() == "False"
 
 
+# A CUDA tensor cannot exist on a CPU machine, so these tests send CPU tensors to the
+# operators' CUDA kernels by redispatching to the CUDA key: what a CUDA tensor would reach.
+CUDA_CALLS = """
+import torch
+ops = torch.ops.virtual_noise
+x, w, s, f = torch.ones(2, 3), torch.ones(4, 3), torch.arange(2), torch.ones(2)
+calls = {
+    "perturbed_linear": (x, w, None, s, 0.1, 0, False),
+    "weight_gradient": (f, s, [4, 3], 0.1, 2, 0, False),
+    "bias_gradient": (f, s, [4], 0.1, 2, 0, False),
+    "reduce_metric": (w, s, 0.1, 12, 0, False),
+    "generate_noise": (s, 5, 0),
+}
+cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+for name, args in calls.items():
+    try:
+        getattr(ops, name).default.redispatch(cuda, *args)
+        print(name, "returned")
+    except RuntimeError as e:
+        print(str(e))
+"""
+
+
+def _assert_names_the_extra(lines, reason):
+    from virtual_noise.cuda import OPS
+    assert len(lines) == len(OPS)
+    for name, line in zip(OPS, lines):
+        assert line.startswith(f"virtual_noise.{name}: CUDA tensors need the Triton kernels"), line
+        assert reason in line and "pip install 'virtual-noise[triton]'" in line, line
+
+
+def test_cuda_call_without_triton_names_the_extra():
+    # CUDA present, triton missing: the case the extra is for.
+    proc = run_python(textwrap.dedent(
+        """
+        import sys, torch
+        sys.modules["triton"] = None
+        torch.cuda.is_available = lambda: True
+        import virtual_noise
+        assert not virtual_noise.build_info()["triton"]
+        """) + CUDA_CALLS
+    )
+    _assert_names_the_extra(proc.stdout.splitlines(), "because triton is not importable")
+
+
+def test_cuda_call_on_cpu_only_import_names_the_extra():
+    proc = run_python("import virtual_noise\n" + CUDA_CALLS, env={"CUDA_VISIBLE_DEVICES": ""})
+    _assert_names_the_extra(proc.stdout.splitlines(),
+                            "because CUDA was not available when virtual_noise was imported")
+
+
 def test_torch_version_guard_message():
     _library.check_torch_version("2.13.0", "2.13.1+cpu")  # same major.minor: fine
     with pytest.raises(ImportError) as info:

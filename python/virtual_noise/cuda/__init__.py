@@ -20,11 +20,12 @@ def _triton_importable() -> bool:
     return True
 
 
-def _missing_triton(name: str):
+def _missing_triton(name: str, reason: str):
     def kernel(*args, **kwargs):
         raise RuntimeError(
-            f"virtual_noise.{name}: CUDA tensors need the Triton kernels, and triton is not "
-            f"importable. Install the extra: pip install 'virtual-noise[triton]'"
+            f"virtual_noise.{name}: CUDA tensors need the Triton kernels, which were not loaded "
+            f"because {reason}. Install the extra (pip install 'virtual-noise[triton]') and "
+            f"import virtual_noise where CUDA is available."
         )
 
     return kernel
@@ -36,5 +37,9 @@ TRITON_AVAILABLE = torch.cuda.is_available() and _triton_importable()
 if TRITON_AVAILABLE:
     from . import register as _register  # noqa: F401
 else:
+    # Why the kernels are missing is decided here, once: on a CPU-only machine triton
+    # is never imported, so it cannot be asked whether it would have imported.
+    _reason = ("triton is not importable" if torch.cuda.is_available()
+               else "CUDA was not available when virtual_noise was imported")
     for _name in OPS:
-        torch.library.register_kernel(f"virtual_noise::{_name}", "cuda", _missing_triton(_name))
+        torch.library.register_kernel(f"virtual_noise::{_name}", "cuda", _missing_triton(_name, _reason))
