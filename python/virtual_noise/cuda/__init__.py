@@ -31,15 +31,17 @@ def _missing_triton(name: str, reason: str):
     return kernel
 
 
+_CUDA_AT_IMPORT = torch.cuda.is_available()
+
 #: True when the Triton kernels serve CUDA tensors in this process.
-TRITON_AVAILABLE = torch.cuda.is_available() and _triton_importable()
+TRITON_AVAILABLE = _CUDA_AT_IMPORT and _triton_importable()
 
 if TRITON_AVAILABLE:
     from . import register as _register  # noqa: F401
 else:
     # Why the kernels are missing is decided here, once: on a CPU-only machine triton
     # is never imported, so it cannot be asked whether it would have imported.
-    _reason = ("triton is not importable" if torch.cuda.is_available()
+    _reason = ("triton is not importable" if _CUDA_AT_IMPORT
                else "CUDA was not available when virtual_noise was imported")
     for _name in OPS:
         torch.library.register_kernel(f"virtual_noise::{_name}", "cuda", _missing_triton(_name, _reason))
