@@ -79,8 +79,8 @@ def graph_ms(fn, repeats=5, sample_ms=5.0):
 
     Eager calls of the short rows are bound by the host on some machines: their host work
     (dispatch, argument checks, two Triton launches; ~100 us per forward on a fast H100 host)
-    was measured at up to 2.4 times that for seconds at a time (RESULTS.md, twenty-eighth
-    session), which "ms" then reads instead of the kernels. A replay has no per-call host work.
+    was measured at up to 2.4 times that for seconds at a time (docs/cuda-kernels.md,
+    "Host work"), which "ms" then reads instead of the kernels. A replay has no per-call host work.
     """
     n = calls_per_sample(fn, sample_ms)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()

@@ -58,7 +58,7 @@ def worker(rank, world, port, device, P, hidden, gens, queue):
         queue.put(rows)
         queue.close()
         queue.join_thread()  # the rows reach the parent before this process skips its teardown
-    leave_and_exit(es.shard)  # barrier, destroy, exit: gloo's interpreter shutdown can abort (RESULTS.md)
+    leave_and_exit(es.shard)  # barrier, destroy, exit: gloo's interpreter shutdown can abort (docs/distributed.md)
 
 
 def main():

@@ -3,7 +3,7 @@
 triton.cdiv and triton.next_power_of_2 give the same values (tested), but in
 triton 3.6 and 3.9 they are constexpr_functions, whose Python wrapper costs
 2.7-5.9 us per call against 0.03-0.06 us for the plain expressions (timeit on
-the 2-core CI-like machine; RESULTS.md, twenty-seventh session). A shared-x
+the 2-core CI-like machine; docs/cuda-kernels.md, "Host work"). A shared-x
 forward call made 5 (float32 x) to 7 (its float16 copy) of them, on a path
 that is often bound by the host.
 """

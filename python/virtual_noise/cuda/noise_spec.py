@@ -3,7 +3,7 @@
 Bit-identical to csrc/noise_spec.h (uint64 arithmetic wrapping mod 2^64):
     key(seed)      = mix64(uint64(seed) + GAMMA)
     noise(seed, e) = float32((mix64(key + uint64(e) * GAMMA) & 0xFFFFFFFF) >> 8) * 2^-24 - 0.5
-Measured on an H200 (issue 3), this hash runs at about twice the rate of
+Measured on an H200 (docs/noise-spec.md), this hash runs at about twice the rate of
 tl.rand's Philox, and unlike tl.rand it gives the CPU's bits.
 """
 

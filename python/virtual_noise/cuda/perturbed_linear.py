@@ -211,9 +211,9 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
     ptxas takes 116 (4 per SM), which measured no faster than the bias hashed in
     the accumulator layout at 80 registers (6 per SM); the cap at 96 measured
     +2-7% over that on the B=64 rows, at 88 within +-2% (H200, side by side,
-    benchmarks/RESULTS.md, seventh session). Shared x at batches of 65-128 (128-row tiles) is
+    docs/cuda-kernels.md, "The tl.dot kernel"). Shared x at batches of 65-128 (128-row tiles) is
     uncapped: at 96 its 64-register accumulator spilled 0.7-1.5 KiB per thread (offline ptxas),
-    and uncapped measured +9% to +94% at B=100 and 128 (H100, twenty-seventh session; the same
+    and uncapped measured +9% to +94% at B=100 and 128 (H100; the same
     bits: the warps and registers do not change the order of the sums).
     """
     bn = 64 if out_f >= 64 else max(16, next_power_of_2(out_f))
@@ -235,7 +235,7 @@ def _cublas_base(x2, weight, bias, out=None):
     16-bit CUDA operands (weight and bias have x's dtype: validated) go to cuBLAS as they are, with
     a float32 result (out_dtype): the products of 16-bit values are exact in float32 and accumulate
     in float32 either way, and the two casts it saves measured +2.4% to +7.2% per call on the
-    16-bit shared-x rows (H200, RESULTS.md, fifteenth session). torch supports out_dtype on CUDA
+    16-bit shared-x rows (H200, docs/cuda-kernels.md). torch supports out_dtype on CUDA
     only, so CPU tensors (the interpreter tests) take the casts. Strided operands are made
     contiguous first, as the casts did: cuBLAS picks its kernel, and so its summation order, by
     layout, and the same values must give the same bits whatever their strides.
@@ -257,7 +257,7 @@ def _shared_base(x, weight, bias, precision, row_scaled=False):
     Batches up to 128 on Hopper and later: _shared_base_kernel, which lets the forward kernel
     launch at once (PDL), so the forward's K loops run beside this small GEMM instead of after
     it, and the forward waits for the base only in its epilogue. Measured on an H200 side by
-    side against the cuBLAS GEMM it replaces (RESULTS.md, sixteenth session): +1.7% to +4.4% on
+    side against the cuBLAS GEMM it replaces (docs/cuda-kernels.md, PDL): +1.7% to +4.4% on
     the float32 B=64 rows but P=16384 512->2048 (-0.1%, a 27 ms call), +2.5% to +5.0% bf16.
     Its float32 precision follows the forward's: tf32 at "high", float32 products and sums at
     "highest" (as cuBLAS). The interpreter runs it too (without PDL), so CI covers it. Larger
@@ -287,8 +287,8 @@ def _base_in_out(x, out) -> bool:
     """Whether x_i @ W^T + b for per-individual x is one cuBLAS GEMM over all P * batch rows, written
     into out: needs a float32 out (the base stays float32 until the noise term is added) and an x
     that flattens to (P * batch, in) without a copy (a copy could exceed the memory budget).
-    Otherwise the kernel computes it from W tiles. Measured side by side on an H200 (RESULTS.md,
-    tenth session): P=4096 B=1 256->256 +12% (antithetic +20%), 1024->256 +13% (+22%)."""
+    Otherwise the kernel computes it from W tiles. Measured side by side on an H200
+    (docs/cuda-kernels.md): P=4096 B=1 256->256 +12% (antithetic +20%), 1024->256 +13% (+22%)."""
     if out.dtype != torch.float32:
         return False
     try:

@@ -10,11 +10,11 @@ with x tiles streaming in through a TMA ring:
   the noise tile is hashed straight into the register layout of wgmma's A
   operand, and the hash of K step k+1 is issued while the asynchronous wgmma
   of step k is in flight. Measured on an H200 side by side with the tl.dot
-  kernel (benchmarks/RESULTS.md): +32% at P=64 B=256 4096->4096, +32% at
+  kernel (docs/cuda-kernels.md): +32% at P=64 B=256 4096->4096, +32% at
   P=256 B=1024. The SM still runs the two by turns: at 4096->4096 on an H100
   the K loop takes the cycles of the hash alone plus those of the wgmmas alone,
-  with the noise operand in registers or in shared memory (RESULTS.md,
-  twenty-ninth session); that sum bounds the row.
+  with the noise operand in registers or in shared memory (docs/cuda-kernels.md,
+  "Where the remaining time goes"); that sum bounds the row.
 - _noise_slab_kernel, one program per (individual, output tile) looping over
   the batch tiles: the first batch tile hashes the whole BO x in_f noise slab
   into shared memory, later ones reuse it, so each noise element is hashed
@@ -25,17 +25,17 @@ with x tiles streaming in through a TMA ring:
   16-bit <= 1408 in Hopper's 227 KiB) when there is at least one program per SM.
   Measured on an H100 side by side with the kernel it replaced (one of 8 warps
   splitting 256-row tiles, both warpgroups in their K loops or epilogues
-  together; benchmarks/RESULTS.md, twenty-third session): P=256 B=1024
+  together; docs/cuda-kernels.md): P=256 B=1024
   512->512 fp32 +19-20% (antithetic +16-18%), P=1024 B=300 256->256 +31-36%,
   bf16 +5-9%. Before, the fp32 B=1024 row lost ~0.2 ms of its 0.76 to
-  epilogues that no wgmma overlapped (ninth session).
+  epilogues that no wgmma overlapped.
 
 float32 x at tf32 reaches both kernels as its row-scaled float16 copy
 (row_scaled_fp16.py: the same tf32 operand values, a power of two per row,
 undone exactly in the epilogue) where its K loops are long enough to pay for
 the copy (plain calls from 512 inputs, antithetic from 1024): float16 wgmma runs
 at twice tf32's rate on half the bytes. Measured on an H100 side by side
-(benchmarks/RESULTS.md, twenty-sixth session): P=256 B=1024 512->512 +15-20%,
+(docs/cuda-kernels.md): P=256 B=1024 512->512 +15-20%,
 P=64 B=256 4096->4096 +33% plain and antithetic. Otherwise float32 x goes
 through TMA as float32, and the kernels have the same noise, the same float32
 accumulation order over K and the same tf32 / 16-bit operand rounding as the
@@ -48,8 +48,8 @@ single-instruction form of) the tl.dot kernel runs.
 Why not hash warps filling a shared noise ring for a wgmma warpgroup (the
 per-tile kernel's shape): ptxas caps every partition at the launch register
 bound, so a CTA holding a 64x256 fp32 accumulator can have at most 12 warps.
-The variants that fit measured 5-61% slower (benchmarks/RESULTS.md, eighth
-session). The noise-slab kernel's ping-pong needs only 8 warps.
+The variants that fit measured 5-61% slower (docs/cuda-kernels.md). The
+noise-slab kernel's ping-pong needs only 8 warps.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from .device_info import compute_capability, max_shared_memory, sm_count
 from .launch_math import cdiv
 from .noise_spec import counter_offset, noise_at, noise_from_counter, seed_key
 
-BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweep in benchmarks/RESULTS.md
+BB, BO, STAGES, WARPS = 256, 64, 3, 4  # from the H200 sweeps of benchmarks/tune_cuda.py (docs/cuda-kernels.md)
 SLAB_BB = 128  # batch rows per noise-slab tile (each of its two warpgroups holds a 64 x 128 accumulator)
 SLAB_STAGES = (8, 3)  # its x ring: the deepest that fits beside the slab, at most 8 and at least 3
 SLAB_WORKER_REGS = 232  # registers of its worker warpgroup (the default one takes the rest of 256 x 8 warps)

@@ -26,7 +26,7 @@ So, for a row whose largest magnitude is m:
 The sums are not the tf32 wgmma's bit for bit (float16 wgmma takes 16 products
 per instruction where tf32 takes 8, and the tensor cores sum them otherwise):
 the outputs differ from the tf32 route's in their low bits. Against float64 the
-error is the tf32 route's within 0.05% (16 cases on an H100, RESULTS.md; the GPU
+error is the tf32 route's within 0.05% (16 cases on an H100, docs/precision.md; the GPU
 tests allow 2%).
 Rows holding Inf or NaN keep the scale 1; their outputs are Inf or NaN as with
 tf32 (round toward zero never turns a finite value into Inf).
@@ -44,12 +44,12 @@ from .launch_math import cdiv, next_power_of_2
 
 MAX_BYTES = 64 << 20  # the float16 copy of x is extra memory: the budget beside the output
 # The copy pays where the K loops are long next to the epilogues: on an H100 side by side
-# (benchmarks/RESULTS.md, twenty-sixth session) 512 inputs gained 11-20% plain and lost 6-22%
+# (docs/cuda-kernels.md, "Row-scaled float16 copy") 512 inputs gained 11-20% plain and lost 6-22%
 # antithetic (two output tiles to store per accumulator), 4096 gained 33% both ways, 256 lost.
 MIN_IN_F = 512  # inputs per output tile stored: antithetic calls need twice as many
 # The tl.dot kernel (batches up to 128) gets the copy from _shared_base_kernel in the same launch as
 # the base GEMM, and must wait for both before its first K step (float32 x overlaps that GEMM instead).
-# GPU time (CUDA graph replay) on an H100 side by side (RESULTS.md, twenty-seventh session): P=1024 B=64
+# GPU time (CUDA graph replay) on an H100 side by side (docs/cuda-kernels.md): P=1024 B=64
 # 784->256 +6.4%, antithetic +6.5%; B=128 +21-22%; P=16384 B=64 512->2048 +12-14%; B=16 -3% to -4%
 # (the wait is a larger share of its shorter K loops), B=32 within +-1%. Narrower x gains GPU time too
 # (256 inputs +5%), but such calls are short enough to be bound by the host, to which the copy adds

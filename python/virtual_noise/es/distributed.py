@@ -13,7 +13,7 @@ gradient costs P x n_params noise hashes, the dominant work of a generation;
 recomputing it on every rank does W times the necessary work, while the
 all-reduce moves 4 * n_params bytes, which is cheap next to P x n_params hashes
 for any population larger than a handful (benchmarks/bench_distributed.py and
-benchmarks/RESULTS.md give the measured numbers).
+docs/distributed.md give the measured numbers).
 """
 
 from __future__ import annotations
