@@ -16,9 +16,16 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                            double sigma, int64_t offset, bool antithetic) {
+                            double sigma, int64_t offset, bool antithetic, bool transposed) {
   static const auto h = op<decltype(perturbed_linear)>("virtual_noise::perturbed_linear");
-  return h.call(x, weight, bias, seeds, sigma, offset, antithetic);
+  return h.call(x, weight, bias, seeds, sigma, offset, antithetic, transposed);
+}
+
+at::Tensor perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                               const at::Tensor& seeds, double sigma, int64_t offset,
+                               bool antithetic) {
+  static const auto h = op<decltype(perturbed_embedding)>("virtual_noise::perturbed_embedding");
+  return h.call(indices, weight, seeds, sigma, offset, antithetic);
 }
 
 at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,

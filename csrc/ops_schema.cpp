@@ -12,8 +12,16 @@ namespace {
 // C++ (the Triton launchers) so they raise exactly what the C++ kernels raise.
 void validate_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                               double sigma, int64_t offset, bool antithetic) {
-  check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic);
+                               double sigma, int64_t offset, bool antithetic, bool transposed) {
+  check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed);
+}
+void validate_perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                                  const at::Tensor& seeds, double sigma, int64_t offset,
+                                  bool antithetic) {
+  check_perturbed_embedding(indices, weight, seeds, sigma, offset, antithetic);
+}
+void validate_embedding_indices(const at::Tensor& indices, int64_t num_embeddings) {
+  check_embedding_indices(indices, num_embeddings);
 }
 void validate_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
                               at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
@@ -40,7 +48,9 @@ void validate_generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_
 TORCH_LIBRARY(virtual_noise, m) {
   const std::vector<at::Tag> pt2{at::Tag::pt2_compliant_tag};
   m.def("perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, float sigma, "
-        "int offset, bool antithetic=False) -> Tensor", pt2);
+        "int offset, bool antithetic=False, bool transposed=False) -> Tensor", pt2);
+  m.def("perturbed_embedding(Tensor indices, Tensor weight, Tensor seeds, float sigma, int offset, "
+        "bool antithetic=False) -> Tensor", pt2);
   m.def("weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
         "int pop_size, int offset, bool antithetic=False) -> Tensor", pt2);
   m.def("bias_gradient(Tensor fitness, Tensor seeds, int[] bias_shape, float sigma, "
@@ -50,7 +60,11 @@ TORCH_LIBRARY(virtual_noise, m) {
   m.def("generate_noise(Tensor seeds, int n_elements, int offset) -> Tensor", pt2);
 
   m.def("_validate_perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, "
-        "float sigma, int offset, bool antithetic) -> ()", &validate_perturbed_linear);
+        "float sigma, int offset, bool antithetic, bool transposed) -> ()", &validate_perturbed_linear);
+  m.def("_validate_perturbed_embedding(Tensor indices, Tensor weight, Tensor seeds, float sigma, "
+        "int offset, bool antithetic) -> ()", &validate_perturbed_embedding);
+  m.def("_validate_embedding_indices(Tensor indices, int num_embeddings) -> ()",
+        &validate_embedding_indices);
   m.def("_validate_weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
         "int pop_size, int offset, bool antithetic) -> ()", &validate_weight_gradient);
   m.def("_validate_bias_gradient(Tensor fitness, Tensor seeds, int[] bias_shape, float sigma, "

@@ -49,15 +49,16 @@ bool is_float_input(at::ScalarType t) {
 
 LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                                  double sigma, int64_t offset, bool antithetic) {
+                                  double sigma, int64_t offset, bool antithetic, bool transposed) {
   const char* op = "virtual_noise.perturbed_linear";
   check_seeds(op, seeds);
   TORCH_CHECK_TYPE(is_float_input(x.scalar_type()), op,
                    ": `x` must be float32, bfloat16 or float16; got ", x.scalar_type());
   TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), op, ": `weight` must have x's dtype (",
                    x.scalar_type(), "); got ", weight.scalar_type());
-  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": `weight` must be 2-D (out_features, in_features); got shape ",
-                    weight.sym_sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": `weight` must be 2-D ",
+                    transposed ? "(in_features, out_features) with transposed=True" : "(out_features, in_features)",
+                    "; got shape ", weight.sym_sizes());
   TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op,
                     ": `x` must be (batch, in_features) or (P, batch, in_features); got shape ", x.sym_sizes());
   check_same_device(op, "weight", weight, "x", x);
@@ -69,12 +70,12 @@ LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   d.pop = population(seeds, antithetic);
   d.shared_x = x.dim() == 2;
   d.batch = x.sym_size(-2);
-  d.in_features = weight.sym_size(1);
-  d.out_features = weight.sym_size(0);
+  d.in_features = weight.sym_size(transposed ? 0 : 1);
+  d.out_features = weight.sym_size(transposed ? 1 : 0);
   d.has_bias = bias.has_value();
   TORCH_CHECK_VALUE(x.sym_size(-1) == d.in_features, op, ": `x` has ", x.sym_size(-1),
-                    " features in its last dim but `weight` is ", weight.sym_sizes(), " (expects ",
-                    d.in_features, ")");
+                    " features in its last dim but `weight` is ", weight.sym_sizes(),
+                    transposed ? " with transposed=True" : "", " (expects ", d.in_features, ")");
   if (!d.shared_x) {
     TORCH_CHECK_VALUE(x.sym_size(0) == d.pop, op, ": per-individual `x` must have size(0) == population ",
                       d.pop, antithetic ? " (2 * len(seeds), antithetic)" : " (len(seeds))", "; got ",
@@ -91,6 +92,48 @@ LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   // Weight and bias noise occupy offset .. offset + out*in + out.
   check_offset(op, offset, d.out_features * d.in_features + (d.has_bias ? d.out_features : c10::SymInt(0)));
   return d;
+}
+
+EmbeddingDims check_perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                                        const at::Tensor& seeds, double sigma, int64_t offset,
+                                        bool antithetic) {
+  const char* op = "virtual_noise.perturbed_embedding";
+  check_seeds(op, seeds);
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op,
+                   ": `indices` must be int64 or int32; got dtype ", indices.scalar_type());
+  TORCH_CHECK_VALUE(indices.dim() == 1 || indices.dim() == 2, op,
+                    ": `indices` must be (n,) shared by the population or (P, n) per individual; got shape ",
+                    indices.sym_sizes());
+  TORCH_CHECK_TYPE(is_float_input(weight.scalar_type()), op,
+                   ": `weight` must be float32, bfloat16 or float16; got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": `weight` must be 2-D (num_embeddings, embedding_dim); got shape ",
+                    weight.sym_sizes());
+  check_same_device(op, "weight", weight, "indices", indices);
+  check_same_device(op, "seeds", seeds, "indices", indices);
+  check_sigma(op, sigma, /*nonzero=*/false);
+  EmbeddingDims d{};
+  d.n_seeds = seeds.sym_size(0);
+  d.pop = population(seeds, antithetic);
+  d.shared = indices.dim() == 1;
+  d.n_indices = indices.sym_size(-1);
+  d.num_embeddings = weight.sym_size(0);
+  d.dim = weight.sym_size(1);
+  if (!d.shared) {
+    TORCH_CHECK_VALUE(indices.sym_size(0) == d.pop, op,
+                      ": per-individual `indices` must have size(0) == population ", d.pop,
+                      antithetic ? " (2 * len(seeds), antithetic)" : " (len(seeds))", "; got ",
+                      indices.sym_size(0));
+  }
+  check_offset(op, offset, d.num_embeddings * d.dim);
+  return d;
+}
+
+void check_embedding_indices(const at::Tensor& indices, int64_t num_embeddings) {
+  if (indices.numel() == 0) return;
+  const int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
+  TORCH_CHECK_INDEX(lo >= 0 && hi < num_embeddings, "virtual_noise.perturbed_embedding: every entry of ",
+                    "`indices` must be in [0, num_embeddings = ", num_embeddings, "); got values in [", lo,
+                    ", ", hi, "]");
 }
 
 int64_t check_noise_gradient(const char* op, const char* shape_arg, int64_t expected_dims,

@@ -24,9 +24,27 @@ struct LinearDims {
   bool has_bias;
 };
 
+// transposed: weight is stored (in_features, out_features), as x @ W takes it
+// (Hugging Face's Conv1D); its noise follows the stored layout.
 LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                                  double sigma, int64_t offset, bool antithetic);
+                                  double sigma, int64_t offset, bool antithetic, bool transposed);
+
+struct EmbeddingDims {
+  c10::SymInt pop;
+  c10::SymInt n_seeds;
+  c10::SymInt n_indices;  // lookups per individual
+  c10::SymInt num_embeddings;
+  c10::SymInt dim;
+  bool shared;  // indices are (n,) for every individual, else (P, n)
+};
+
+EmbeddingDims check_perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                                        const at::Tensor& seeds, double sigma, int64_t offset,
+                                        bool antithetic);
+
+// Every index in [0, num_embeddings): reads the data (a device sync on CUDA).
+void check_embedding_indices(const at::Tensor& indices, int64_t num_embeddings);
 
 // Shared by weight_gradient (shape_arg "weight_shape", 2 dims) and
 // bias_gradient ("bias_shape", 1 dim). Returns the number of elements.

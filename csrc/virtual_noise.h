@@ -16,9 +16,16 @@
 namespace virtual_noise {
 
 // (P, batch, out) in x's dtype: Y[i] = X[i] @ (W + sigma N_i)^T + (b + sigma nb_i).
+// transposed: weight is stored (in, out) and Y[i] = X[i] @ (W + sigma N_i) + ..., with the
+// noise in the stored layout.
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                            double sigma, int64_t offset, bool antithetic = false);
+                            double sigma, int64_t offset, bool antithetic = false,
+                            bool transposed = false);
+// (P, n, dim) in weight's dtype: row indices[t] of W + sigma N_i; indices (n,) shared or (P, n).
+at::Tensor perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                               const at::Tensor& seeds, double sigma, int64_t offset,
+                               bool antithetic = false);
 // float32, weight_shape: sum_i f_i N_i / (pop_size * sigma).
 at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
                            at::IntArrayRef weight_shape, double sigma, int64_t pop_size,

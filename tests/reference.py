@@ -64,6 +64,30 @@ def perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic=False
     return y
 
 
+def perturbed_linear_transposed_ref(x, weight, bias, seeds, sigma, offset, antithetic=False):
+    """weight stored (in, out); its noise in the stored layout."""
+    in_f, out_f = weight.shape
+    n = out_f * in_f + (out_f if bias is not None else 0)
+    noise = noise_ref(seeds, n, offset, antithetic)
+    pop = noise.shape[0]
+    w = weight.double()[None] + sigma * noise[:, : out_f * in_f].reshape(pop, in_f, out_f)
+    xs = x.double()
+    if xs.dim() == 2:
+        xs = xs.expand(pop, *xs.shape)
+    y = torch.bmm(xs, w)
+    if bias is not None:
+        y = y + (bias.double()[None] + sigma * noise[:, out_f * in_f :])[:, None, :]
+    return y
+
+
+def perturbed_embedding_ref(indices, weight, seeds, sigma, offset, antithetic=False):
+    num, dim = weight.shape
+    noise = noise_ref(seeds, num * dim, offset, antithetic)
+    table = weight.double()[None] + sigma * noise.view(-1, num, dim)
+    idx = indices.long()
+    return torch.stack([table[i][idx if idx.dim() == 1 else idx[i]] for i in range(table.shape[0])])
+
+
 def gradient_ref(fitness, seeds, shape, sigma, pop_size, offset, antithetic=False):
     n = int(np.prod(shape))
     noise = noise_ref(seeds, n, offset, antithetic)

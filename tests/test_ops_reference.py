@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metric_ref
+from reference import (gradient_ref, noise_ref, perturbed_embedding_ref, perturbed_linear_ref,
+                       perturbed_linear_transposed_ref, reduce_metric_ref)
 
 import virtual_noise as vn
 
@@ -30,6 +31,49 @@ def test_perturbed_linear(dtype, shared_x, antithetic, with_bias, gen):
     ref = perturbed_linear_ref(x, w, b, seeds, sigma, offset, antithetic)
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol * in_f**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared_x", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_perturbed_linear_transposed(dtype, shared_x, antithetic, gen):
+    """weight stored (in, out), as Hugging Face's Conv1D keeps it; the noise follows that layout."""
+    m, batch, in_f, out_f = 3, 5, 37, 70
+    pop = 2 * m if antithetic else m
+    seeds = seeds_for(m, gen)
+    x = torch.randn((batch, in_f) if shared_x else (pop, batch, in_f), generator=gen).to(dtype)
+    w = torch.randn(in_f, out_f, generator=gen).to(dtype)
+    b = torch.randn(out_f, generator=gen).to(dtype)
+    y = vn.virtual_perturbed_linear(x, w, b, seeds, 0.37, 2**33 + 1, antithetic=antithetic, transposed=True)
+    assert y.shape == (pop, batch, out_f) and y.dtype == dtype
+    rtol, atol = TOL[dtype]
+    ref = perturbed_linear_transposed_ref(x, w, b, seeds, 0.37, 2**33 + 1, antithetic)
+    torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol * in_f**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_perturbed_embedding(dtype, shared, antithetic, gen):
+    m, n, num, dim = 3, 11, 40, 70
+    pop = 2 * m if antithetic else m
+    seeds = seeds_for(m, gen)
+    w = torch.randn(num, dim, generator=gen).to(dtype)
+    idx = torch.randint(0, num, (n,) if shared else (pop, n), generator=gen)
+    for offset in (0, 2**32 + 9):
+        y = vn.virtual_perturbed_embedding(idx, w, seeds, 0.37, offset, antithetic=antithetic)
+        assert y.shape == (pop, n, dim) and y.dtype == dtype
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(y.double(), perturbed_embedding_ref(idx, w, seeds, 0.37, offset, antithetic),
+                                   rtol=rtol, atol=atol)
+
+
+def test_perturbed_embedding_empty_and_int32(gen):
+    w = torch.randn(5, 3, generator=gen)
+    assert vn.virtual_perturbed_embedding(torch.zeros(0, dtype=torch.long), w, torch.arange(2), 0.1, 0).shape == (2, 0, 3)
+    idx = torch.tensor([4, 0], dtype=torch.int32)
+    y = vn.virtual_perturbed_embedding(idx, w, torch.arange(2), 0.1, 0)
+    torch.testing.assert_close(y.double(), perturbed_embedding_ref(idx, w, torch.arange(2), 0.1, 0))
 
 
 def test_perturbed_linear_offsets_past_2_pow_32(gen):

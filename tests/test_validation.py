@@ -130,3 +130,53 @@ def test_generate_noise_errors(device):
         vn.generate_noise(seeds(2, device), 3, -1)
     with pytest.raises(TypeError, match=r"`seeds` must be an integer"):
         vn.generate_noise(t(2, device=device), 3, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_perturbed_linear_transposed_errors(device):
+    x, w = t(2, 4, device=device), t(4, 3, device=device)  # stored (in, out)
+    with pytest.raises(ValueError, match=r"`x` has 4 features.*with transposed=True \(expects 3\)"):
+        vn.virtual_perturbed_linear(x, t(3, 4, device=device), None, seeds(2, device), 0.1, 0, transposed=True)
+    with pytest.raises(ValueError, match=r"`bias` must be 1-D of size out_features = 3"):
+        vn.virtual_perturbed_linear(x, w, t(4, device=device), seeds(2, device), 0.1, 0, transposed=True)
+    with pytest.raises(ValueError, match=r"`weight` must be 2-D \(in_features, out_features\) with transposed=True"):
+        vn.virtual_perturbed_linear(x, t(4, device=device), None, seeds(2, device), 0.1, 0, transposed=True)
+    assert vn.virtual_perturbed_linear(x, w, t(3, device=device), seeds(2, device), 0.1, 0,
+                                       transposed=True).shape == (2, 2, 3)
+
+
+EMBEDDING_CASES = [
+    ("float indices", dict(indices=lambda d: t(3, device=d)), TypeError, r"`indices` must be int64 or int32"),
+    ("3-D indices", dict(indices=lambda d: t(2, 2, 2, device=d, dtype=torch.int64)), ValueError,
+     r"`indices` must be \(n,\) shared by the population or \(P, n\)"),
+    ("per-individual P", dict(indices=lambda d: t(3, 4, device=d, dtype=torch.int64)), ValueError,
+     r"per-individual `indices` must have size\(0\) == population 2"),
+    ("weight 1-D", dict(weight=lambda d: t(5, device=d)), ValueError, r"`weight` must be 2-D \(num_embeddings"),
+    ("weight int", dict(weight=lambda d: t(5, 3, device=d, dtype=torch.int32)), TypeError, r"`weight` must be float32"),
+    ("seeds 2-D", dict(seeds=lambda d: seeds(4, d).view(2, 2)), ValueError, r"`seeds` must be 1-D"),
+    ("nan sigma", dict(sigma=math.nan), ValueError, r"`sigma` must be finite"),
+    ("negative offset", dict(offset=-1), ValueError, r"`offset` must be >= 0"),
+    ("offset overflow", dict(offset=I64_MAX - 10), ValueError, r"overflows int64"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", EMBEDDING_CASES, ids=[c[0] for c in EMBEDDING_CASES])
+def test_perturbed_embedding_errors(device, case):
+    _, over, exc, msg = case
+    args = dict(indices=t(3, device=device, dtype=torch.int64), weight=t(5, 3, device=device),
+                seeds=seeds(2, device), sigma=0.1, offset=0)
+    for k, v in over.items():
+        args[k] = v(device) if callable(v) else v
+    with pytest.raises(exc, match=msg) as info:
+        vn.virtual_perturbed_embedding(**args)
+    assert "virtual_noise.perturbed_embedding" in str(info.value)
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "meta"])  # the range needs the data
+@pytest.mark.parametrize("bad", [-1, 5])
+def test_perturbed_embedding_index_out_of_range(device, bad):
+    idx = torch.tensor([0, bad, 2], device=device)
+    with pytest.raises(IndexError, match=rf"every entry of `indices` must be in \[0, num_embeddings = 5\); "
+                                         rf"got values in \[{min(bad, 0)}, {max(bad, 2)}\]"):
+        vn.virtual_perturbed_embedding(idx, t(5, 3, device=device), seeds(2, device), 0.1, 0)

@@ -9,7 +9,9 @@ namespace virtual_noise::cpu {
 
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                            double sigma, int64_t offset, bool antithetic);
+                            double sigma, int64_t offset, bool antithetic, bool transposed);
+at::Tensor perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,
+                               const at::Tensor& seeds, double sigma, int64_t offset, bool antithetic);
 at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
                            at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
                            int64_t offset, bool antithetic);

@@ -46,15 +46,15 @@ void fill_noise(uint64_t key, uint64_t e0, uint64_t e_step, int64_t n, float* ou
 }
 
 VN_MULTIVERSION
-void fill_noise_tile_transposed(uint64_t key, uint64_t e0, uint64_t row_stride, int64_t rows,
-                                int64_t K, float* out) {
+void fill_noise_tile_transposed(uint64_t key, uint64_t e0, uint64_t row_stride, uint64_t col_stride,
+                                int64_t rows, int64_t K, float* out) {
   // Row r of the block is a run along k; in the transposed tile a run along r
   // for fixed k is an arithmetic progression of counters with step row_stride*GAMMA.
   const uint64_t dc = row_stride * kGamma;
   uint64_t lane[kTileCols];
   for (int64_t r = 0; r < kTileCols; ++r) lane[r] = static_cast<uint64_t>(r) * dc;
   for (int64_t k = 0; k < K; ++k) {
-    const uint64_t ck = element_counter(key, e0 + static_cast<uint64_t>(k));
+    const uint64_t ck = element_counter(key, e0 + static_cast<uint64_t>(k) * col_stride);
     float* o = out + k * kTileCols;
     for (int64_t r = 0; r < kTileCols; ++r) o[r] = noise_at(ck + lane[r]);
     for (int64_t r = rows; r < kTileCols; ++r) o[r] = 0.f;

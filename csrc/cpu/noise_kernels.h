@@ -17,9 +17,10 @@ constexpr int64_t kTileCols = 64;
 void fill_noise(uint64_t key, uint64_t e0, uint64_t e_step, int64_t n, float* out);
 
 // Noise tile for rows [0, rows) x columns [0, K) of a block whose element
-// (r, k) has index e0 + r * row_stride + k, stored transposed: out[k * kTileCols + r].
-// Columns rows..kTileCols-1 are zero so the GEMM tile can always be full width.
-void fill_noise_tile_transposed(uint64_t key, uint64_t e0, uint64_t row_stride,
+// (r, k) has index e0 + r * row_stride + k * col_stride, stored transposed:
+// out[k * kTileCols + r]. Columns rows..kTileCols-1 are zero so the GEMM tile
+// can always be full width.
+void fill_noise_tile_transposed(uint64_t key, uint64_t e0, uint64_t row_stride, uint64_t col_stride,
                                 int64_t rows, int64_t K, float* out);
 
 // acc[t] += coef * noise(key, e0 + t), t < n.

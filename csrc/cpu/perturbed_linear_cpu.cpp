@@ -1,5 +1,7 @@
 // Y[i] = X[i] @ (W + sigma N_i)^T + (b + sigma nb_i), with N_i regenerated
 // tile by tile (kTileCols output rows x all inputs) into a per-thread buffer.
+// With transposed, W is stored (in, out) and its noise follows that layout:
+// only the noise indices' strides change (row j, column k at j + k * out).
 //
 // Work items are (individual or antithetic pair, output tile). Each item's
 // arithmetic is fixed by the shapes alone, so results are bit-identical for
@@ -36,10 +38,11 @@ void transpose_weight_tile(const float* w, const TileGeometry& g, int64_t t, flo
 
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                            double sigma_d, int64_t offset, bool antithetic) {
-  const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma_d, offset, antithetic);
+                            double sigma_d, int64_t offset, bool antithetic, bool transposed) {
+  const LinearDims d =
+      check_perturbed_linear(x, weight, bias, seeds, sigma_d, offset, antithetic, transposed);
   const at::Tensor x32 = x.to(at::kFloat).contiguous();
-  const at::Tensor w32 = weight.to(at::kFloat).contiguous();
+  const at::Tensor w32 = (transposed ? weight.t() : weight).to(at::kFloat).contiguous();  // (out, in)
   const at::Tensor b32 = d.has_bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t pop = d.pop.expect_int(), n_seeds = d.n_seeds.expect_int();
   const int64_t batch = d.batch.expect_int(), in = d.in_features.expect_int();
@@ -58,6 +61,9 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t members = antithetic ? 2 : 1;
   const uint64_t w_off = static_cast<uint64_t>(offset);
   const uint64_t b_off = w_off + static_cast<uint64_t>(out * in);
+  // Noise index of output row j, input k: w_off + j * row_stride + k * col_stride.
+  const uint64_t row_stride = transposed ? 1 : static_cast<uint64_t>(in);
+  const uint64_t col_stride = transposed ? static_cast<uint64_t>(out) : 1;
 
   // W^T in tiles, shared by every individual.
   std::vector<float> wt(g.n_tiles * tile_floats);
@@ -85,8 +91,8 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
     if (!d.shared_x) perturbed_t.resize(tile_floats);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t u = item / g.n_tiles, t = item % g.n_tiles, rows = g.rows(t), j0 = t * kTileCols;
-      fill_noise_tile_transposed(keys[u], w_off + static_cast<uint64_t>(j0 * in), in, rows, in,
-                                 noise_t.data());
+      fill_noise_tile_transposed(keys[u], w_off + static_cast<uint64_t>(j0) * row_stride, row_stride,
+                                 col_stride, rows, in, noise_t.data());
       if (bp != nullptr) fill_noise(keys[u], b_off + static_cast<uint64_t>(j0), 1, rows, bias_noise.data());
       if (d.shared_x) gemm_tile(xp, in, batch, in, noise_t.data(), prod.data());
       for (int64_t m = 0; m < members; ++m) {

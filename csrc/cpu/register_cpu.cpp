@@ -5,6 +5,7 @@
 TORCH_LIBRARY_IMPL(virtual_noise, CPU, m) {
   using namespace virtual_noise::cpu;
   m.impl("perturbed_linear", &perturbed_linear);
+  m.impl("perturbed_embedding", &perturbed_embedding);
   m.impl("weight_gradient", &weight_gradient);
   m.impl("bias_gradient", &bias_gradient);
   m.impl("reduce_metric", &reduce_metric);

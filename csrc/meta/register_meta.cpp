@@ -11,9 +11,16 @@ namespace {
 
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                            double sigma, int64_t offset, bool antithetic) {
-  const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic);
+                            double sigma, int64_t offset, bool antithetic, bool transposed) {
+  const LinearDims d = check_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed);
   return at::empty_symint({d.pop, d.batch, d.out_features}, x.options());
+}
+
+at::Tensor perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight, const at::Tensor& seeds,
+                               double sigma, int64_t offset, bool antithetic) {
+  // The index range needs the data, which meta tensors do not have.
+  const EmbeddingDims d = check_perturbed_embedding(indices, weight, seeds, sigma, offset, antithetic);
+  return at::empty_symint({d.pop, d.n_indices, d.dim}, weight.options());
 }
 
 at::Tensor weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
@@ -50,6 +57,7 @@ at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t o
 TORCH_LIBRARY_IMPL(virtual_noise, Meta, m) {
   using namespace virtual_noise::meta;
   m.impl("perturbed_linear", &perturbed_linear);
+  m.impl("perturbed_embedding", &perturbed_embedding);
   m.impl("weight_gradient", &weight_gradient);
   m.impl("bias_gradient", &bias_gradient);
   m.impl("reduce_metric", &reduce_metric);

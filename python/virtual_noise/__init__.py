@@ -18,6 +18,7 @@ from .offsets import compute_offsets  # noqa: E402
 from .ops import (  # noqa: E402
     generate_noise,
     virtual_bias_gradient,
+    virtual_perturbed_embedding,
     virtual_perturbed_linear,
     virtual_reduce_metric,
     virtual_weight_gradient,
@@ -49,6 +50,7 @@ __all__ = [
     "compute_offsets",
     "generate_noise",
     "virtual_bias_gradient",
+    "virtual_perturbed_embedding",
     "virtual_perturbed_linear",
     "virtual_reduce_metric",
     "virtual_weight_gradient",

@@ -32,23 +32,53 @@ def virtual_perturbed_linear(
     offset: int,
     *,
     antithetic: bool = False,
+    transposed: bool = False,
 ) -> Tensor:
     """Linear layer of every individual: ``Y[i] = X[i] @ (W + sigma N_i)^T + (b + sigma nb_i)``.
 
     Args:
         x: (batch, in) shared by all individuals, or (P, batch, in) per individual;
             float32, bfloat16 or float16.
-        weight: (out, in), x's dtype.
+        weight: (out, in), x's dtype; (in, out) with ``transposed``.
         bias: (out,) in x's dtype, or None.
         seeds: 1-D integer tensor, one seed per individual (per pair if antithetic).
         sigma: noise scale.
         offset: flat noise index of weight[0, 0]; the bias follows at offset + out*in.
         antithetic: population of 2 * len(seeds) mirrored pairs.
+        transposed: weight is stored (in, out), as ``x @ W`` takes it (Hugging Face's
+            Conv1D): ``Y[i] = X[i] @ (W + sigma N_i) + ...``, with W's element (k, j)
+            and its noise at ``offset + k*out + j`` (the stored layout).
 
     Returns:
         (P, batch, out) in x's dtype (computed with float32 accumulation).
     """
-    return _ops.perturbed_linear(x, weight, bias, seeds, float(sigma), int(offset), antithetic)
+    return _ops.perturbed_linear(x, weight, bias, seeds, float(sigma), int(offset), antithetic, transposed)
+
+
+def virtual_perturbed_embedding(
+    indices: Tensor,
+    weight: Tensor,
+    seeds: Tensor,
+    sigma: float,
+    offset: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """Embedding lookup of every individual: ``out[i, t] = (W + sigma N_i)[indices[t]]``.
+
+    Only the gathered rows are hashed: row r's element d has noise index
+    ``offset + r * dim + d`` (the table's row-major layout).
+
+    Args:
+        indices: (n,) int64/int32 shared by all individuals, or (P, n) per individual;
+            every entry in [0, num_embeddings).
+        weight: (num_embeddings, dim), float32, bfloat16 or float16.
+        seeds, sigma, offset, antithetic: as in ``virtual_perturbed_linear``.
+
+    Returns:
+        (P, n, dim) in weight's dtype (the sum computed in float32).
+    """
+    return _ops.perturbed_embedding(indices, weight, seeds, float(sigma), int(offset), antithetic)
 
 
 def virtual_weight_gradient(

@@ -8,6 +8,7 @@ from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metr
 import virtual_noise as vn
 from virtual_noise.cuda import generate_noise as gen
 from virtual_noise.cuda import noise_gradient as grad
+from virtual_noise.cuda import perturbed_embedding as emb
 from virtual_noise.cuda import perturbed_linear as lin
 from virtual_noise.cuda import reduce_metric as red
 
@@ -55,6 +56,56 @@ def test_perturbed_linear(dtype, shared, antithetic, with_bias, in_f):
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * in_f**0.5)
     torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("in_f", [70, 48])
+def test_perturbed_linear_transposed(shared, antithetic, in_f):
+    """weight stored (in, out) (Hugging Face's Conv1D): the noise follows the stored layout."""
+    g = torch.Generator().manual_seed(in_f + 2 * shared + antithetic)
+    m, batch, out_f = 2, 5, 90
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g)
+    w, b = torch.randn(in_f, out_f, generator=g), torch.randn(out_f, generator=g)
+    y = lin.perturbed_linear(x, w, b, s, 0.3, 2**33 + 5, antithetic, True)
+    cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**33 + 5, antithetic=antithetic, transposed=True)
+    noise = noise_ref(s, in_f * out_f + out_f, 2**33 + 5, antithetic)
+    wp = w.double()[None] + 0.3 * noise[:, : in_f * out_f].view(pop, in_f, out_f)
+    xs = x.double().expand(pop, batch, in_f) if shared else x.double()
+    ref = torch.bmm(xs, wp) + (b.double()[None] + 0.3 * noise[:, in_f * out_f:])[:, None]
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * in_f**0.5)
+    torch.testing.assert_close(y, cpu, rtol=1e-5, atol=1e-5 * in_f**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_perturbed_embedding(dtype, shared, antithetic):
+    g = torch.Generator().manual_seed(3 * shared + antithetic)
+    m, n, num, dim = 3, 37, 50, 72  # dim spans a partial column block
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    w = torch.randn(num, dim, generator=g).to(dtype)
+    idx = torch.randint(0, num, (n,) if shared else (pop, n), generator=g)
+    y = emb.perturbed_embedding(idx, w, s, 0.3, 2**40 + 3, antithetic)
+    cpu = vn.virtual_perturbed_embedding(idx, w, s, 0.3, 2**40 + 3, antithetic=antithetic)
+    noise = noise_ref(s, num * dim, 2**40 + 3, antithetic).view(pop, num, dim)
+    table = w.double()[None] + 0.3 * noise
+    ref = torch.stack([table[i][idx if shared else idx[i]] for i in range(pop)])
+    assert y.dtype == dtype and y.shape == (pop, n, dim)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol)
+
+
+def test_perturbed_embedding_out_of_range_row_is_nan():
+    """Where the launcher cannot check the indices (a CUDA-graph capture), a bad index must not read
+    out of bounds: its row comes out NaN."""
+    w = torch.randn(4, 8)
+    y = emb.perturbed_embedding(torch.tensor([1, 4, -1]), w, torch.tensor([7]), 0.1, 0, False)
+    assert torch.isfinite(y[0, 0]).all() and torch.isnan(y[0, 1:]).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -75,7 +75,7 @@ def _perturbed_linear_kernel(
     stride_xp, stride_xb, stride_xk,
     stride_wn, stride_wk,
     stride_op, stride_ob, stride_bp, stride_bb,
-    sigma, w_offset, b_offset,
+    sigma, w_offset, b_offset, noise_sn, noise_sk,
     SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
     K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr, GDC_WAIT: tl.constexpr, ROW_SCALED: tl.constexpr,
@@ -91,9 +91,12 @@ def _perturbed_linear_kernel(
     mask_m, mask_n = offs_m < batch, offs_n < out_f
     # Counters of (n, k0 + j) = c[n] + lane_k[j], with c the counter of (n, k0), carried
     # across K steps: one 64-bit add per element (written as counter_offset(kk), the
-    # compiler multiplied each k by GAMMA per element, as the PTX showed).
-    c = key + counter_offset(w_offset + offs_n.to(tl.int64) * in_f)
-    c_step = counter_offset(tl.full((1,), BK, tl.int64))
+    # compiler multiplied each k by GAMMA per element, as the PTX showed). Element (n, k)
+    # has noise index w_offset + n * noise_sn + k * noise_sk: (in_f, 1) for a weight stored
+    # (out, in), (1, out_f) for one stored (in, out) (transposed). Triton specializes the
+    # strides equal to 1, so the usual layout pays nothing for them.
+    c = key + counter_offset(w_offset + offs_n.to(tl.int64) * noise_sn)
+    c_step = counter_offset(tl.full((1,), BK, tl.int64) * noise_sk)
 
     x0_ptrs = x_ptr + (0 if SHARED_X else i0 * stride_xp) + offs_m[:, None] * stride_xb
     noise0 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -104,7 +107,7 @@ def _perturbed_linear_kernel(
     # for the remainder: at 784 inputs that hashes 784 columns instead of 800. The zero
     # columns a masked step would add are exact zeros, so the outputs are the same bits.
     k_main = in_f if K_TAIL == 0 else in_f // BK * BK  # in_f itself: a tighter per-individual loop
-    lane_k = counter_offset(tl.arange(0, BK))
+    lane_k = counter_offset(tl.arange(0, BK).to(tl.int64) * noise_sk)
     for k0 in range(0, k_main, BK):
         noise0, noise1, lin0, lin1 = _k_step(
             x0_ptrs, w_ptr, offs_n, k0 + tl.arange(0, BK), c, lane_k, mask_m[:, None], mask_n[None, :],
@@ -115,19 +118,19 @@ def _perturbed_linear_kernel(
         kt = k_main + tl.arange(0, K_TAIL)
         mask_t = (kt < in_f) | TAIL_FULL  # TAIL_FULL: in_f % BK == K_TAIL, no mask to compute
         noise0, noise1, lin0, lin1 = _k_step(
-            x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL)),
+            x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL).to(tl.int64) * noise_sk),
             mask_m[:, None] & mask_t[None, :], mask_n[None, :] & mask_t[:, None],
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
             PRECISION, ROW_SCALED)
 
     if HAS_BIAS:
         # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
-        # (= key + counter_offset(w_offset + n * in_f + k_main)); offsets add mod 2^64,
+        # (= key + counter_offset(w_offset + n * noise_sn + k_main * noise_sk)); offsets add mod 2^64,
         # negative ones too. Starting from c keeps these hashes in the noise tile's layout
         # (about one per thread); from key and n the compiler rematerialized them in the
         # accumulator layout, 16 per thread (sm_90 SASS: 1392 -> 1064 instructions per
         # thread at 1024 inputs, shared x; 1496 -> 1336 for per-individual x at B=1).
-        d = (tl.full((1,), b_offset, tl.int64) - w_offset - k_main) + offs_n.to(tl.int64) * (1 - in_f)
+        d = (tl.full((1,), b_offset, tl.int64) - w_offset - k_main * noise_sk) + offs_n.to(tl.int64) * (1 - noise_sn)
         nb = noise_from_counter(c + counter_offset(d))[None, :]
     else:
         nb = tl.zeros((1, BN), dtype=tl.float32)
@@ -229,8 +232,9 @@ def tiles(batch: int, out_f: int, in_f: int, shared: bool):
 BASE_BN, BASE_BK = 32, 32  # _shared_base_kernel's tiles
 
 
-def _cublas_base(x2, weight, bias, out=None):
-    """x2 @ W^T + b for 2-D x2 as one cuBLAS GEMM in float32 (a fresh row-major tensor, or into out).
+def _cublas_base(x2, weight, bias, out=None, transposed=False):
+    """x2 @ W^T + b for 2-D x2 as one cuBLAS GEMM in float32 (a fresh row-major tensor, or into out);
+    with transposed, weight is stored (in, out) and this is x2 @ W + b.
 
     16-bit CUDA operands (weight and bias have x's dtype: validated) go to cuBLAS as they are, with
     a float32 result (out_dtype): the products of 16-bit values are exact in float32 and accumulate
@@ -241,16 +245,18 @@ def _cublas_base(x2, weight, bias, out=None):
     layout, and the same values must give the same bits whatever their strides.
     """
     if out is None and x2.is_cuda and x2.dtype in (torch.float16, torch.bfloat16):
-        x2, wt, result = x2.contiguous(), weight.contiguous().t(), {"out_dtype": torch.float32}
+        wt = weight.contiguous() if transposed else weight.contiguous().t()
+        x2, result = x2.contiguous(), {"out_dtype": torch.float32}
     else:
-        x2, wt, result = x2.float(), weight.float().t(), {"out": out}
+        wt = weight.float() if transposed else weight.float().t()
+        x2, result = x2.float(), {"out": out}
         bias = bias.float() if bias is not None else None
     if bias is not None:
         return torch.addmm(bias, x2, wt, **result)
     return torch.mm(x2, wt, **result)
 
 
-def _shared_base(x, weight, bias, precision, row_scaled=False):
+def _shared_base(x, weight, bias, precision, row_scaled=False, transposed=False):
     """(x @ W^T + b in float32 for shared x, whether the forward kernel may follow programmatically
     dependent on the kernel that computed it, x's row-scaled float16 copy (x16, inv_scale) or None).
 
@@ -268,7 +274,9 @@ def _shared_base(x, weight, bias, precision, row_scaled=False):
     batch, in_f = x.shape
     pdl = supports_pdl(x.device)
     if batch > 128 or (x.is_cuda and not pdl):
-        return _cublas_base(x, weight, bias), False, None
+        return _cublas_base(x, weight, bias, transposed=transposed), False, None
+    if transposed:
+        weight = weight.t()  # the (out, in) view: the kernel reads W through its strides
     out_f = weight.shape[0]
     base = torch.empty(batch, out_f, dtype=torch.float32, device=x.device)
     x16, inv = row_scaled_fp16.empty_copy(x) if row_scaled else (base, base)
@@ -304,9 +312,10 @@ def _takes_copy(x, precision) -> bool:
     return precision == "tf32" and row_scaled_fp16.serves_tl_dot(x)
 
 
-def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
+def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed=False):
     pop = seeds.numel() * (2 if antithetic else 1)
-    out_f, in_f = weight.shape
+    w_view = weight.t() if transposed else weight  # (out, in), read through its strides
+    out_f, in_f = w_view.shape
     shared = x.dim() == 2
     batch = x.shape[-2]
     out = torch.empty(pop, batch, out_f, dtype=x.dtype, device=x.device)
@@ -317,15 +326,16 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     pdl = False  # whether the forward kernel launches programmatically dependent on the base kernel
     copy = None  # (x16, inv): x's row-scaled float16 copy, for the kernel's x operand
     if shared:  # the shared part, once
-        base, pdl, copy = _shared_base(x, weight, bias, precision, _takes_copy(x, precision))
+        base, pdl, copy = _shared_base(x, weight, bias, precision, _takes_copy(x, precision), transposed)
         stride_bp, stride_bb, w_in_kernel = 0, out_f, False
     elif _base_in_out(x, out):  # x_i @ W^T + b, for all individuals at once, written into out
         base = out
-        _cublas_base(x.view(-1, in_f), weight, bias, out=out.view(-1, out_f))
+        _cublas_base(x.view(-1, in_f), weight, bias, out=out.view(-1, out_f), transposed=transposed)
         stride_bp, stride_bb, w_in_kernel = out.stride(0), out.stride(1), False
     else:
         base, stride_bp, stride_bb, w_in_kernel = out, 0, 0, True  # base unused: x_i @ W^T from W tiles
-    if shared and _large_batch.applies(x, precision, antithetic) and _large_batch.launch(
+    # The Gluon kernels hash the usual (out, in) noise layout only.
+    if shared and not transposed and _large_batch.applies(x, precision, antithetic) and _large_batch.launch(
             x, base, out, seeds, sigma, offset, offset + out_f * in_f, bias is not None, antithetic):
         return out
     x3 = x if not shared else (x if copy is None else copy[0])[None]
@@ -334,13 +344,13 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic):
     k_tail = max(16, next_power_of_2(rem)) if rem else 0
     grid = (seeds.numel() * cdiv(out_f, bn), cdiv(batch, bm))
     _perturbed_linear_kernel[grid](
-        x3, weight, bias if bias is not None else weight, base, out, seeds,
+        x3, w_view, bias if bias is not None else w_view, base, out, seeds,
         copy[1] if copy else seeds,  # inv_ptr, read only with ROW_SCALED
         batch, in_f, out_f,
         0 if shared else x3.stride(0), x3.stride(1), x3.stride(2),
-        weight.stride(0), weight.stride(1),
+        w_view.stride(0), w_view.stride(1),
         out.stride(0), out.stride(1), stride_bp, stride_bb,
-        float(sigma), offset, offset + out_f * in_f,
+        float(sigma), offset, offset + out_f * in_f, 1 if transposed else in_f, out_f if transposed else 1,
         SHARED_X=shared, W_IN_KERNEL=w_in_kernel, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
         BM=bm, BN=bn, BK=bk, PRECISION=precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail, GDC_WAIT=pdl,
         ROW_SCALED=copy is not None,

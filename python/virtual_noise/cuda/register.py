@@ -8,6 +8,7 @@ import torch
 
 from . import generate_noise as _gen
 from . import noise_gradient as _grad
+from . import perturbed_embedding as _emb
 from . import perturbed_linear as _lin
 from . import reduce_metric as _red
 
@@ -15,9 +16,17 @@ _ops = torch.ops.virtual_noise
 
 
 @torch.library.register_kernel("virtual_noise::perturbed_linear", "cuda")
-def _perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic=False):
-    _ops._validate_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic)
-    return _lin.perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic)
+def _perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic=False, transposed=False):
+    _ops._validate_perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed)
+    return _lin.perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed)
+
+
+@torch.library.register_kernel("virtual_noise::perturbed_embedding", "cuda")
+def _perturbed_embedding(indices, weight, seeds, sigma, offset, antithetic=False):
+    _ops._validate_perturbed_embedding(indices, weight, seeds, sigma, offset, antithetic)
+    if not torch.cuda.is_current_stream_capturing():  # reading the indices syncs; a capture cannot
+        _ops._validate_embedding_indices(indices, weight.shape[0])
+    return _emb.perturbed_embedding(indices, weight, seeds, sigma, offset, antithetic)
 
 
 @torch.library.register_kernel("virtual_noise::weight_gradient", "cuda")
