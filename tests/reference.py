@@ -97,3 +97,53 @@ def gradient_ref(fitness, seeds, shape, sigma, pop_size, offset, antithetic=Fals
 def reduce_metric_ref(center, seeds, sigma, offset, antithetic=False):
     noise = noise_ref(seeds, center.numel(), offset, antithetic)
     return (center.double().flatten()[None] + sigma * noise).abs().mean(dim=1)
+
+
+def population_reference(model, args, kwargs, seeds, sigma, antithetic=False, per_individual=False, evolve=None):
+    """Each individual as torch.func.functional_call of the model with explicitly perturbed parameters.
+
+    The layout is derived here on its own: the evolved parameters in named_parameters() order (tied
+    ones once), laid end to end; element e of a parameter at offset off gets noise(seed, off + e).
+    The perturbed value is computed in float32 and rounded once to the parameter's dtype.
+    """
+    from torch.func import functional_call
+
+    named = [(n, p) for n, p in model.named_parameters() if (p.requires_grad if evolve is None else evolve(n, p))]
+    total = sum(p.numel() for _, p in named)
+    noise = noise_ref(seeds, total, 0, antithetic).float()
+    outs = []
+    for i in range(noise.shape[0]):
+        params, off = {}, 0
+        for n, p in named:
+            d = noise[i, off:off + p.numel()].view(p.shape).to(p.device)
+            params[n] = (p.detach().float() + sigma * d).to(p.dtype)
+            off += p.numel()
+        a = [t[i] if per_individual and torch.is_tensor(t) else t for t in args]
+        kw = {k: (v[i] if per_individual and torch.is_tensor(v) else v) for k, v in kwargs.items()}
+        with torch.no_grad():
+            outs.append(functional_call(model, params, tuple(a), kw, tie_weights=True))
+    return outs
+
+
+def assert_population_close(out, refs, rtol, atol, path="out"):
+    """out: the population's output (leading P on every tensor); refs: one output per individual."""
+    import dataclasses
+
+    if isinstance(out, torch.Tensor):
+        ref = torch.stack(refs)
+        assert out.shape == ref.shape, f"{path}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+        torch.testing.assert_close(out.double(), ref.double(), rtol=rtol, atol=atol, msg=lambda m: f"{path}: {m}")
+    elif dataclasses.is_dataclass(out):
+        for f in dataclasses.fields(out):
+            assert_population_close(getattr(out, f.name), [getattr(r, f.name) for r in refs], rtol, atol,
+                                    f"{path}.{f.name}")
+    elif isinstance(out, dict):
+        assert list(out) == list(refs[0]), f"{path}: keys {list(out)} != {list(refs[0])}"
+        for k in out:
+            assert_population_close(out[k], [r[k] for r in refs], rtol, atol, f"{path}[{k!r}]")
+    elif isinstance(out, (tuple, list)):
+        assert type(out) is type(refs[0]) and len(out) == len(refs[0]), path
+        for j, o in enumerate(out):
+            assert_population_close(o, [r[j] for r in refs], rtol, atol, f"{path}[{j}]")
+    else:
+        assert all(r == out for r in refs), f"{path}: {out!r}"

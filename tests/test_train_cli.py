@@ -34,6 +34,20 @@ def test_digits_short_run_beats_threshold(tmp_path):
     assert task.evaluate(plain) == pytest.approx(summary["test_acc"])
 
 
+@pytest.mark.parametrize("model,generations,population,floor", [("cnn", 25, 64, 0.75), ("vit", 100, 128, 0.7)])
+def test_digits_cnn_and_vit_train(tmp_path, model, generations, population, floor):
+    """Short runs of the CNN and the ViT (their full defaults reach >= 95%: benchmarks/RESULTS.md)."""
+    out, summary = train(tmp_path, "--model", model, "--generations", str(generations), "--eval-every", "25",
+                         "--population", str(population))
+    assert summary["test_acc"] >= floor, summary
+    from virtual_noise.train.tasks import DigitsTask
+
+    task = DigitsTask("cpu", 0, 64)
+    plain = task.build_model(task.models[model]["hidden"], model)  # a plain module, no virtual_noise in it
+    plain.load_state_dict(torch.load(out / "model.pt"))
+    assert task.evaluate(plain) == pytest.approx(summary["test_acc"])
+
+
 def test_cartpole_reaches_500(tmp_path):
     pytest.importorskip("gymnasium")
     _, summary = train(tmp_path, "--task", "cartpole", "--eval-every", "5")
@@ -56,6 +70,9 @@ def test_resume_continues_identically(tmp_path):
     (["--population", "-4"], "--population must be positive; got -4"),
     (["--population", "7"], "--population must be even with antithetic pairs"),
     (["--task", "chess"], "unknown task 'chess'; choose one of: digits, cartpole"),
+    (["--model", "rnn"], "unknown --model 'rnn' for task digits; choose one of: mlp, cnn, vit"),
+    (["--task", "cartpole", "--model", "vit"], "unknown --model 'vit' for task cartpole; choose one of: mlp"),
+    (["--model", "cnn", "--hidden", "8"], "--hidden for --model cnn is the two conv widths"),
     (["--hidden", "64,x"], "--hidden must be comma-separated positive ints"),
     (["--sigma", "0"], "--sigma must be > 0"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),

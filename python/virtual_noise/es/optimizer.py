@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..ops import virtual_bias_gradient, virtual_weight_gradient
+from ..models.layout import Evolve
+from ..ops import virtual_bias_gradient
 from .distributed import Shard
 from .population import VirtualPopulation
 from .shaping import shape_fitness
@@ -24,7 +25,7 @@ class ES:
     """OpenAI-ES with virtual noise, as ask/tell.
 
     Each generation: ``seeds = es.ask()``; evaluate the population, e.g.
-    ``out = es.forward(x)`` ((P, batch, out)), into one fitness per individual
+    ``out = es.forward(x)`` (the model's outputs with a leading P), into one fitness per individual
     (higher is better); ``es.tell(fitness)`` shapes it, estimates the gradient
     with the fused operators, and hands ``-estimate (+ weight_decay * param)``
     to a torch.optim optimizer as ``param.grad`` (Adam by default).
@@ -33,8 +34,10 @@ class ES:
     reproducible from one number on any device.
 
     Args:
-        module: the network (nn.Linear, nn.LayerNorm and element-wise
-            activations in nn.Sequential); its parameters are the center.
+        module: any nn.Module (see ``virtual_noise.models.VirtualPopulation``); its
+            evolved parameters are the center.
+        evolve: which parameters evolve: None (every one with requires_grad), a list
+            of names, or a predicate ``(name, param) -> bool``; the others never change.
         population_size: P individuals per generation (even with antithetic).
         sigma: noise scale (the perturbation is sigma * U[-0.5, 0.5)).
         lr: learning rate of the default Adam optimizer.
@@ -69,6 +72,7 @@ class ES:
         distributed: bool | None = None,
         process_group=None,
         gradient_mode: str = "all_reduce",
+        evolve: Evolve = None,
     ):
         if not isinstance(population_size, int) or population_size < 1:
             raise ValueError(f"ES: population_size must be a positive int; got {population_size!r}")
@@ -82,7 +86,9 @@ class ES:
         if gradient_mode not in ("all_reduce", "recompute"):
             raise ValueError(f"ES: gradient_mode must be 'all_reduce' or 'recompute'; got {gradient_mode!r}")
         self.module = module
-        self.population = VirtualPopulation(module)
+        self.population = VirtualPopulation(module, evolve=evolve)
+        if not self.population.blocks:
+            raise ValueError("ES: the model has no parameter to evolve (check `evolve` and requires_grad)")
         self.population_size = population_size
         self.sigma = float(sigma)
         self.antithetic = antithetic
@@ -139,9 +145,19 @@ class ES:
             raise RuntimeError("ES: call ask() before forward()/tell() in each generation")
         return self.seeds
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Population outputs (P, batch, out) for this generation's seeds."""
-        return self.population(x, self._require_seeds(), self.sigma, self.antithetic)
+    def forward(self, *inputs, per_individual: bool = False, **kwargs):
+        """The model's outputs for every individual of this generation (this rank's), with a leading P.
+
+        Input tensors are shared by the population, or with ``per_individual`` carry a
+        leading population dimension.
+        """
+        return self.population(*inputs, seeds=self._require_seeds(), sigma=self.sigma, antithetic=self.antithetic,
+                               per_individual=per_individual, **kwargs)
+
+    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs) -> Tensor:
+        """Greedy generations of every individual of this generation (``VirtualPopulation.generate``)."""
+        return self.population.generate(input_ids, attention_mask, seeds=self._require_seeds(), sigma=self.sigma,
+                                        antithetic=self.antithetic, **kwargs)
 
     def gather_fitness(self, fitness: Tensor) -> Tensor:
         """This rank's fitness to the whole population's (identical on every rank)."""
@@ -178,11 +194,10 @@ class ES:
         """The block's estimate from the individuals in ``shaped`` (all, or one rank's slice):
         sum over them of f_i N_i / (population_size * sigma), over the noise variance."""
         p = block.param
-        kw = dict(sigma=self.sigma, pop_size=shaped.numel(), offset=block.offset, antithetic=self.antithetic)
-        if p.dim() == 2:
-            g = virtual_weight_gradient(shaped, seeds, tuple(p.shape), **kw)
-        else:
-            g = virtual_bias_gradient(shaped, seeds, (p.numel(),), **kw).view(p.shape)
+        # Every block's noise is its flat row-major range at its offset, whatever layer perturbs it
+        # (fused or materialized), so one flat estimate serves every block kind.
+        g = virtual_bias_gradient(shaped, seeds, (p.numel(),), self.sigma, shaped.numel(), block.offset,
+                                  antithetic=self.antithetic).view(p.shape)
         # The operator divided by this slice's size; the estimate divides by the whole population's.
         return (g * (shaped.numel() / self.population_size / NOISE_VARIANCE)).to(p.dtype)
 

@@ -12,11 +12,14 @@ from .tasks import TASKS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="digits", help=f"one of {', '.join(TASKS)} (default digits)")
+    p.add_argument("--model", default="mlp", help="digits: mlp, cnn or vit; cartpole: mlp (default mlp)")
     p.add_argument("--population", type=int, help="individuals per generation (task default)")
     p.add_argument("--sigma", type=float, help="noise scale (task default)")
     p.add_argument("--lr", type=float, help="Adam learning rate (task default)")
     p.add_argument("--generations", type=int, help="generations to run (task default)")
-    p.add_argument("--hidden", type=str, help="hidden sizes, comma separated, e.g. 64,64 (task default)")
+    p.add_argument("--hidden", type=str, help="hidden sizes, comma separated: the MLP's layers (e.g. 64,64), the "
+                   "CNN's two conv widths (8,16), the ViT's width (32) (model default)")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="learning rate over the run (model default)")
     p.add_argument("--batch", type=int, help="minibatch size (digits)")
     p.add_argument("--shaping", default="centered_ranks", choices=["centered_ranks", "z_score", "raw"])
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -37,8 +40,10 @@ def resolve(args: argparse.Namespace, error) -> dict:
     if args.task not in TASKS:
         error(f"unknown task {args.task!r}; choose one of: {', '.join(TASKS)}")
     task_cls = TASKS[args.task]
-    cfg = dict(task_cls.defaults)
-    for key in ("population", "sigma", "lr", "generations", "batch"):
+    if args.model not in task_cls.models:
+        error(f"unknown --model {args.model!r} for task {args.task}; choose one of: {', '.join(task_cls.models)}")
+    cfg = {**task_cls.defaults, **task_cls.models[args.model]}
+    for key in ("population", "sigma", "lr", "generations", "batch", "lr_schedule"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     if args.hidden is not None:
@@ -71,7 +76,8 @@ def resolve(args: argparse.Namespace, error) -> dict:
         error(f"--device must be cpu, cuda or cuda:N; got {args.device!r}")
     if not args.dist_timeout > 0:
         error(f"--dist-timeout must be > 0; got {args.dist_timeout}")
-    cfg.update(task=args.task, antithetic=antithetic, device=device, out=args.out or f"runs/{args.task}")
+    cfg.update(task=args.task, model=args.model, antithetic=antithetic, device=device,
+               out=args.out or f"runs/{args.task}" + (f"-{args.model}" if args.model != "mlp" else ""))
     return cfg
 
 
@@ -90,15 +96,19 @@ def run(args: argparse.Namespace, error) -> int:
         torch.cuda.set_device(cfg["device"])
     torch.manual_seed(args.seed)  # the initial center, identical on every rank
     task = TASKS[cfg["task"]](cfg["device"], args.seed, cfg["batch"])
-    module = task.build_model(cfg["hidden"]).to(cfg["device"])
+    try:
+        module = task.build_model(cfg["hidden"], cfg["model"]).to(cfg["device"])
+    except ValueError as e:
+        error(str(e))
     es = ES(module, population_size=cfg["population"], sigma=cfg["sigma"], lr=cfg["lr"],
             antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed)
     say = print if es.rank == 0 else (lambda *a, **k: None)
-    say(f"virtual_noise ES | task {task.name} | {es.population.n_params} parameters | population "
+    say(f"virtual_noise ES | task {task.name} | model {cfg['model']} | {es.population.n_params} parameters | population "
         f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | sigma {es.sigma} | lr {cfg['lr']} | "
         f"device {cfg['device']}" + (f" | {es.world_size} ranks ({torch.distributed.get_backend()})" if distributed else ""))
     summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
-                    time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume)
+                    time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume,
+                    lr_schedule=cfg["lr_schedule"])
     if distributed:
         say(f"communication per generation and rank: {summary['comm_bytes_per_generation_per_rank']:,} bytes "
             f"(fitness all-gather + gradient all-reduce payload; O(P + n_params))")

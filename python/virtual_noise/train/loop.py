@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 
@@ -12,8 +13,15 @@ import torch
 from ..es import ES
 
 
+def learning_rate(base: float, schedule: str, generation: int, generations: int) -> float:
+    """The learning rate of a generation: constant, or cosine from base to 0 over the run."""
+    if schedule == "cosine":
+        return base * 0.5 * (1 + math.cos(math.pi * min(generation, generations) / generations))
+    return base
+
+
 def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10, time_limit: float | None = None,
-          progress: bool = True, resume: bool = False) -> dict:
+          progress: bool = True, resume: bool = False, lr_schedule: str = "constant") -> dict:
     from tqdm import tqdm
 
     lead = es.rank == 0  # with several ranks, rank 0 reports and writes files
@@ -31,7 +39,10 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
     metric = rows[-1][task.metric_name] if rows else float("nan")
     bar = tqdm(total=generations, initial=es.generation, desc=task.name, disable=not progress, unit="gen")
     stop_reason = "generations"
+    base_lrs = [g["lr"] for g in es.optimizer.param_groups]
     while es.generation < generations:
+        for g, base in zip(es.optimizer.param_groups, base_lrs):
+            g["lr"] = learning_rate(base, lr_schedule, es.generation, generations)
         es.ask()
         fitness = task.fitness(es)
         stats = es.tell(fitness)

@@ -1,0 +1,20 @@
+"""nn.Embedding through the fused perturbed gather: only the looked-up rows are hashed."""
+
+from torch import nn
+
+from ..bridge import population_embedding
+
+
+class EmbeddingAdapter:
+    name = "nn.Embedding"
+    claims = ("weight",)
+
+    def matches(self, module) -> bool:
+        # A subclass with its own forward may do more than this adapter knows.
+        return isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward
+
+    def forward(self, m, ctx, input):
+        if m.max_norm is not None:
+            raise ValueError(f"VirtualPopulation: nn.Embedding with max_norm={m.max_norm} renormalizes the rows "
+                             f"it looks up in place, which cannot differ per individual; use max_norm=None")
+        return population_embedding(ctx, input, m.weight, ctx.offset(m.weight))

@@ -1,0 +1,147 @@
+"""From per-individual code to the fused population operators.
+
+``VirtualPopulation`` runs a model under ``torch.func.vmap`` over the
+individuals, so the model's own code (reshapes, attention, residuals, masks)
+runs as written, for one individual at a time in meaning and for all of them
+at once in fact. The perturbed layers cannot be written per individual: their
+weights differ by individual and are never stored. ``population_call`` is the
+bridge: an autograd.Function whose vmap rule receives the batched arguments
+with the population dimension in front, runs one fused operator over the
+whole population, and hands vmap back an output with the population in front.
+The batched token (one entry per individual) is always among its arguments, so
+the rule runs even when every other argument is shared by the population.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..ops import virtual_perturbed_embedding, virtual_perturbed_linear
+from .context import PopulationContext
+
+
+class _PopulationCall(torch.autograd.Function):
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(fn, token, *tensors):
+        raise RuntimeError("virtual_noise: a population layer ran outside VirtualPopulation's batched call")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def vmap(info, in_dims, fn, token, *tensors):
+        from .context import active
+
+        dims = in_dims[2:]
+        moved = [t if d is None else t.movedim(d, 0) for t, d in zip(tensors, dims)]
+        ctx = active()
+        ctx.rule_depth += 1
+        try:
+            return fn([d is not None for d in dims], *moved), 0
+        finally:
+            ctx.rule_depth -= 1
+
+
+def population_call(ctx: PopulationContext, fn, *tensors: Tensor) -> Tensor:
+    """``fn(batched, *tensors)`` over the whole population: ``batched[k]`` says whether tensors[k]
+    has the population in front (else it is shared); fn returns a tensor with the population in front."""
+    return _PopulationCall.apply(fn, ctx.token, *tensors)
+
+
+def _bias_term(ctx: PopulationContext, bias: Tensor | None, b_off: int | None):
+    """The bias each individual adds: (P, 1, out) perturbed, (out,) frozen, or None."""
+    if bias is None:
+        return None
+    if b_off is None:
+        return bias
+    return ctx.perturbed(bias, b_off)[:, None, :]
+
+
+def population_linear(ctx: PopulationContext, x: Tensor, weight: Tensor, bias: Tensor | None,
+                      w_off: int | None, b_off: int | None, transposed: bool = False) -> Tensor:
+    """Per individual: ``x @ (W + sigma N_i)^T + (b + sigma nb_i)`` (``x @ (W + ...)`` with transposed).
+
+    ``w_off`` / ``b_off`` are the noise offsets of weight and bias, None where frozen. A bias whose
+    region follows the weight's (an nn.Linear's own layout) is fused into the operator; any other
+    evolved bias is small and added materialized.
+    """
+    if w_off is None and b_off is None:  # nothing evolved here: the layer as it is
+        y = x @ weight if transposed else F.linear(x, weight)
+        return y if bias is None else y + bias
+    in_f, out_f = (weight.shape if transposed else weight.shape[::-1])
+    fuse = w_off is not None and b_off is not None and b_off == w_off + weight.numel()
+
+    def rule(batched, xb):
+        P = ctx.size
+        lead = xb.shape[1:-1] if batched[0] else xb.shape[:-1]
+        x2 = xb.reshape(P, -1, in_f) if batched[0] else xb.reshape(-1, in_f)
+        if w_off is not None:
+            y = virtual_perturbed_linear(x2, weight, bias if fuse else None, ctx.seeds, ctx.sigma, w_off,
+                                         antithetic=ctx.antithetic, transposed=transposed)
+        else:
+            y = x2 @ weight if transposed else F.linear(x2, weight)
+        if not fuse:
+            b = _bias_term(ctx, bias, b_off)
+            if b is not None:
+                y = y + b
+        return y.reshape(P, *lead, out_f)
+
+    return population_call(ctx, rule, x)
+
+
+def population_embedding(ctx: PopulationContext, indices: Tensor, weight: Tensor, w_off: int) -> Tensor:
+    """Per individual: rows ``indices`` of ``W + sigma N_i`` (only those rows hashed)."""
+    dim = weight.shape[1]
+
+    def rule(batched, ib):
+        P = ctx.size
+        lead = ib.shape[1:] if batched[0] else ib.shape
+        flat = ib.reshape(P, -1) if batched[0] else ib.reshape(-1)
+        y = virtual_perturbed_embedding(flat, weight, ctx.seeds, ctx.sigma, w_off, antithetic=ctx.antithetic)
+        return y.view(P, *lead, dim)
+
+    return population_call(ctx, rule, indices)
+
+
+def _flatten_population(t: Tensor, batched: bool, P: int, rank: int, lead: int | None) -> Tensor:
+    """(P, *s) (or shared s, expanded) to the shape one call over the whole population takes: the
+    population folded into the first dim when the per-individual rank is >= 3, else in front."""
+    if not batched:
+        t = t.expand(P, *t.shape)
+    if rank < 3:
+        return t
+    if lead is not None and t.shape[1] != lead:
+        t = t.expand(P, lead, *t.shape[2:])
+    return t.reshape(P * t.shape[1], *t.shape[2:])
+
+
+def population_sdpa(ctx: PopulationContext, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention of every individual as one call with the population folded into
+    the batch dim. (vmap has no batching rule for the CPU attention kernels in torch 2.11-2.13 and falls
+    back to one call per individual.) A shared mask that broadcasts over the batch stays unexpanded."""
+    if dropout_p:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                              enable_gqa=enable_gqa)  # vmap reports the random draws
+    tensors = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
+
+    def rule(batched, q, k, v, *mask):
+        P = ctx.size
+        rank = q.dim() - batched[0]  # per individual
+        lead = (q.shape[1] if batched[0] else q.shape[0]) if rank >= 3 else None
+        qf, kf, vf = (_flatten_population(t, b, P, rank, lead) for t, b in zip((q, k, v), batched))
+        m = None
+        if mask:
+            m, mb = mask[0], batched[3]
+            m = m.reshape(*m.shape[:int(mb)], *[1] * (rank - (m.dim() - mb)), *m.shape[int(mb):])  # to rank
+            if mb or (rank >= 3 and m.shape[0] != 1):
+                m = _flatten_population(m, mb, P, rank, lead)
+        out = F.scaled_dot_product_attention(qf, kf, vf, m, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return out.reshape(P, *out.shape[1:]) if rank < 3 else out.reshape(P, lead, *out.shape[1:])
+
+    return population_call(ctx, rule, *tensors)
