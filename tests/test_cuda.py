@@ -3,7 +3,8 @@ triton (CI), run on the device machine."""
 
 import pytest
 import torch
-from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metric_ref
+from reference import (gradient_ref, noise_ref, perturbed_embedding_ref, perturbed_linear_ref,
+                       perturbed_linear_transposed_ref, reduce_metric_ref)
 
 import virtual_noise as vn
 
@@ -60,6 +61,50 @@ def test_perturbed_linear_vs_reference_and_cpu(dtype, shared, antithetic, with_b
     tol = TOL[dtype]
     torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
     torch.testing.assert_close(y.cpu().double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("batch", [1, 37, 300])
+def test_perturbed_linear_transposed(dtype, shared, antithetic, batch):
+    """weight stored (in, out) (Hugging Face's Conv1D): the noise in the stored layout, every path
+    (PDL base, cuBLAS base, W tiles in the kernel, 256-row tiles: the Gluon kernels do not take it)."""
+    g = torch.Generator().manual_seed(batch + 7 * shared)
+    m, in_f, out_f = 3, 200, 150
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
+    w, b = torch.randn(in_f, out_f, generator=g).to(dtype), torch.randn(out_f, generator=g).to(dtype)
+    y = vn.virtual_perturbed_linear(x.cuda(), w.cuda(), b.cuda(), s.cuda(), 0.3, 2**33, antithetic=antithetic,
+                                    transposed=True)
+    ref = perturbed_linear_transposed_ref(x, w, b, s, 0.3, 2**33, antithetic)
+    tol = TOL[dtype] if dtype != torch.float32 or torch.get_float32_matmul_precision() == "highest" else 1e-3
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_perturbed_embedding_vs_reference_and_cpu(dtype, shared, antithetic):
+    g = torch.Generator().manual_seed(3 + shared + 2 * antithetic)
+    m, n, num, dim = 4, 300, 1000, 200
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    w = torch.randn(num, dim, generator=g).to(dtype)
+    idx = torch.randint(0, num, (n,) if shared else (pop, n), generator=g)
+    y = vn.virtual_perturbed_embedding(idx.cuda(), w.cuda(), s.cuda(), 0.3, 2**40, antithetic=antithetic)
+    cpu = vn.virtual_perturbed_embedding(idx, w, s, 0.3, 2**40, antithetic=antithetic)
+    ref = perturbed_embedding_ref(idx, w, s, 0.3, 2**40, antithetic)
+    tol = TOL[dtype]
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(y.cpu(), cpu, rtol=tol, atol=tol)
+    with pytest.raises(IndexError, match=r"every entry of `indices` must be in \[0, num_embeddings = 1000\)"):
+        vn.virtual_perturbed_embedding(torch.tensor([5, 1000]).cuda(), w.cuda(), s.cuda(), 0.3, 0)
+    # Captured in a CUDA graph (no index check there: out-of-range rows would come out NaN).
+    wc, ic, sc = w.cuda(), idx.cuda(), s.cuda()
+    assert torch.equal(_graph_replay(lambda: vn.virtual_perturbed_embedding(ic, wc, sc, 0.3, 2**40,
+                                                                            antithetic=antithetic)), y)
 
 
 @pytest.mark.parametrize("antithetic", [False, True])
@@ -453,6 +498,8 @@ def test_opcheck_cuda():
     f = torch.randn(6, generator=g).cuda()
     for op, args in [(ops.perturbed_linear, (x, w, b, s, 0.1, 0, True)),
                      (ops.perturbed_linear, (x.expand(3, 4, 32).bfloat16(), w.bfloat16(), None, s, 0.1, 5, False)),
+                     (ops.perturbed_linear, (x, w.t().contiguous(), b, s, 0.1, 0, True, True)),
+                     (ops.perturbed_embedding, (torch.tensor([1, 15, 3]).cuda(), w, s, 0.1, 0, True)),
                      (ops.weight_gradient, (f, s, [16, 32], 0.1, 6, 0, True)),
                      (ops.bias_gradient, (f[:3], s, [16], 0.1, 3, 512, False)),
                      (ops.reduce_metric, (w, s, 0.1, 512, 0, False)),

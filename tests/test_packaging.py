@@ -52,7 +52,8 @@ import torch
 ops = torch.ops.virtual_noise
 x, w, s, f = torch.ones(2, 3), torch.ones(4, 3), torch.arange(2), torch.ones(2)
 calls = {
-    "perturbed_linear": (x, w, None, s, 0.1, 0, False),
+    "perturbed_linear": (x, w, None, s, 0.1, 0, False, False),
+    "perturbed_embedding": (torch.tensor([0, 3]), w, s, 0.1, 0, False),
     "weight_gradient": (f, s, [4, 3], 0.1, 2, 0, False),
     "bias_gradient": (f, s, [4], 0.1, 2, 0, False),
     "reduce_metric": (w, s, 0.1, 12, 0, False),

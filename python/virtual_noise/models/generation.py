@@ -4,8 +4,9 @@ One vmap over the individuals runs the whole decoding loop: each individual
 decodes with its own perturbed weights and its own cache, in one batched pass
 per step. Positions follow the attention mask (left padding), as Hugging
 Face's generate computes them. There is no early stop (it would need the
-values of every individual on the host); finished sequences continue with
-``pad_token_id``.
+values of every individual on the host); a sequence that emitted an end token
+(``eos_token_id``, by default the model's generation config's) continues with
+``pad_token_id``, as Hugging Face's generate pads finished rows.
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ def generate(pop, input_ids: Tensor, attention_mask: Tensor | None, *, seeds, si
     models branch on its values)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"generate: `max_new_tokens` must be a positive int; got {max_new_tokens!r}")
-    if eos_token_id is not None and pad_token_id is None:
-        pad_token_id = eos_token_id
+    config = getattr(pop.module, "generation_config", None)  # the model's defaults, as Hugging Face's generate
+    if eos_token_id is None and config is not None:
+        eos_token_id = config.eos_token_id
+    if pad_token_id is None and config is not None:
+        pad_token_id = config.pad_token_id
+    eos = None
+    if eos_token_id is not None:
+        eos = torch.tensor(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id],
+                           device=input_ids.device)
+        if pad_token_id is None:
+            pad_token_id = int(eos[0])
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     accepts = pop._accepts
@@ -43,9 +53,9 @@ def generate(pop, input_ids: Tensor, attention_mask: Tensor | None, *, seeds, si
         tokens = []
         for step in range(max_new_tokens):
             nxt = out.logits[:, -1].argmax(-1)
-            if eos_token_id is not None:
+            if eos is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
-                finished = finished | (nxt == eos_token_id)
+                finished = finished | torch.isin(nxt, eos)
             tokens.append(nxt)
             if step == max_new_tokens - 1:
                 break

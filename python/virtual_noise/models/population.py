@@ -144,7 +144,8 @@ class VirtualPopulation:
                  per_individual: bool = False) -> Tensor:
         """Greedy decoding of every individual with its own perturbed weights, in one batched pass
         with a KV cache (Hugging Face causal LMs). Returns (P, batch, prompt + max_new_tokens) token ids;
-        after an individual's sequence emits ``eos_token_id`` it continues with ``pad_token_id``."""
+        after an individual's sequence emits ``eos_token_id`` (default: the model's generation config's)
+        it continues with ``pad_token_id``."""
         from .generation import generate
 
         return generate(self, input_ids, attention_mask, seeds=seeds, sigma=sigma, max_new_tokens=max_new_tokens,
