@@ -233,8 +233,8 @@ def forward_call(x, w, b, P, anti):
     return lambda: vn.virtual_perturbed_linear(x, w, b, seeds, SIGMA, 0, antithetic=anti)
 
 
-def run(quick: bool):
-    torch.set_float32_matmul_precision("high")
+def run(quick: bool, precision: str = "high"):
+    torch.set_float32_matmul_precision(precision)
     sigma = SIGMA
     g = torch.Generator(device="cuda").manual_seed(0)
     roof = roofs()
@@ -312,11 +312,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--matmul-precision", default="high", choices=["high", "highest"],
+                    help="torch.set_float32_matmul_precision for the float32 rows (\"highest\": PyTorch's default)")
     args = ap.parse_args()
-    roof, tf32, rows, records = run(args.quick)
+    roof, tf32, rows, records = run(args.quick, args.matmul_precision)
     head = [machine_line(), f"GPU: {torch.cuda.get_device_name()} | triton {triton.__version__}",
             "Roofs (generation only): " + ", ".join(f"{k} {v:.0f} G el/s" for k, v in roof.items())
-            + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s"]
+            + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s",
+            f"float32 rows at torch matmul precision \"{args.matmul_precision}\", noise precision "
+            f"\"{vn.get_noise_precision()}\""]
     table = markdown_table(["op", "shape", "ms", "graph ms", "1-call ms", "G el/s", "graph G el/s", "of roof", "peak extra MiB",
                             "naive ms", "naive G el/s", "speed-up", "matmul"], rows)
     text = "\n".join(head) + "\n\n" + table + "\n"

@@ -17,6 +17,17 @@ def seeds_for(n, g):
     return torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
 
 
+@pytest.fixture(autouse=True)
+def noise_precision_follows_torch():
+    """These tests hold the kernels to the dot precision torch's setting names ("highest": tf32x3, float32
+    accuracy; "high": tf32), the "matmul" noise precision; the default ("high" whatever torch's setting)
+    is checked by test_default_noise_precision_under_torch_defaults."""
+    old = vn.get_noise_precision()
+    vn.set_noise_precision("matmul")
+    yield
+    vn.set_noise_precision(old)
+
+
 def _graph_replay(fn):
     """fn() captured in a CUDA graph (after a warm-up on a side stream, as capture requires) and
     replayed once: returns the replayed output, to compare with an eager call's bits."""
@@ -224,6 +235,33 @@ def test_forward_waits_for_its_inputs(precision):
         torch.set_float32_matmul_precision(old)
     for i in range(12):
         assert torch.equal(got[i], want[i]), i
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_default_noise_precision_under_torch_defaults(shared):
+    """Under torch's "highest": x @ W^T + b at float32 accuracy (sigma = 0 shows it), the noise term at
+    tf32 by default, at float32 accuracy with set_noise_precision("highest")."""
+    g = torch.Generator().manual_seed(1)
+    s = seeds_for(4, g)
+    x = torch.randn(64, 512, generator=g) if shared else torch.randn(8, 64, 512, generator=g)
+    w, b = torch.randn(128, 512, generator=g), torch.randn(128, generator=g)
+    xc, wc, bc, sc = x.cuda(), w.cuda(), b.cuda(), s.cuda()
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        errs = {}
+        for setting in ["high", "highest"]:
+            vn.set_noise_precision(setting)
+            for sigma in [0.0, 0.5]:
+                y = vn.virtual_perturbed_linear(xc, wc, bc, sc, sigma, 0, antithetic=True)
+                ref = perturbed_linear_ref(x, w, b, s, sigma, 0, True)
+                errs[setting, sigma] = (y.cpu().double() - ref).abs().max().item()
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert errs["high", 0.0] < 1e-3 and errs["highest", 0.0] < 1e-3, errs  # the base: float32 sums
+    assert errs["highest", 0.5] < 1e-3 and 4 * errs["highest", 0.5] < errs["high", 0.5] < 0.1, errs
+    with pytest.raises(ValueError, match="must be one of high, highest, matmul"):
+        vn.set_noise_precision("exact")
 
 
 def test_tf32_precision_follows_torch_setting():

@@ -164,3 +164,16 @@ def test_compute_offsets():
     assert vn.compute_offsets([torch.Size([2, 3]), 4, ()]) == [0, 6, 10]
     with pytest.raises(ValueError, match=r"shapes\[1\]"):
         vn.compute_offsets([(2,), (-1, 3)])
+
+
+def test_noise_precision_setting():
+    old = vn.get_noise_precision()
+    try:
+        assert old == "high"
+        for p in ("highest", "matmul", "high"):
+            vn.set_noise_precision(p)
+            assert vn.get_noise_precision() == p
+        with pytest.raises(ValueError, match=r"`precision` must be one of high, highest, matmul; got 'ieee'"):
+            vn.set_noise_precision("ieee")
+    finally:
+        vn.set_noise_precision(old)

@@ -15,6 +15,7 @@ _library.load()
 
 from . import cuda as _cuda  # noqa: E402  (registers the CUDA kernels or their error)
 from .offsets import compute_offsets  # noqa: E402
+from .precision import get_noise_precision, set_noise_precision  # noqa: E402
 from .ops import (  # noqa: E402
     generate_noise,
     virtual_bias_gradient,
@@ -49,6 +50,8 @@ __all__ = [
     "cmake_prefix_path",
     "compute_offsets",
     "generate_noise",
+    "get_noise_precision",
+    "set_noise_precision",
     "virtual_bias_gradient",
     "virtual_perturbed_embedding",
     "virtual_perturbed_linear",

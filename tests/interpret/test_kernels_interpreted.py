@@ -100,6 +100,28 @@ def test_perturbed_embedding(dtype, shared, antithetic):
     torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("scratch", [1 << 20, 3000])  # whole weights per chunk; row blocks of one seed
+def test_perturbed_weights_path(antithetic, transposed, scratch, monkeypatch):
+    """Per-individual x with many rows: the perturbed weights hashed once into scratch, then a batched GEMM."""
+    from virtual_noise.cuda import perturbed_weights as pw
+
+    monkeypatch.setattr(pw, "MIN_ROWS", 8)
+    monkeypatch.setattr(pw, "SCRATCH_BYTES", scratch)
+    g = torch.Generator().manual_seed(scratch + antithetic + 2 * transposed)
+    m, rows, in_f, out_f = 3, 9, 37, 50
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn(pop, rows, in_f, generator=g)
+    w = torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g)
+    y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
+    cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic=antithetic, transposed=transposed)
+    torch.testing.assert_close(y, cpu, rtol=1e-5, atol=1e-5)
+    assert pw.serves(x, False)
+
+
 def test_perturbed_embedding_out_of_range_row_is_nan():
     """Where the launcher cannot check the indices (a CUDA-graph capture), a bad index must not read
     out of bounds: its row comes out NaN."""

@@ -47,7 +47,7 @@ def supports_pdl(device: torch.device) -> bool:
 
 
 def fp32_dot_precision(device: torch.device) -> str:
-    """tl.dot input precision for float32 inputs, following torch's matmul precision.
+    """tl.dot input precision of x @ W^T for float32 inputs, following torch's matmul precision.
 
     "highest" -> tf32x3 (three tf32 products: float32-level accuracy on tensor
     cores); "high"/"medium" -> tf32. Off-GPU the interpreter computes in ieee.
@@ -55,3 +55,16 @@ def fp32_dot_precision(device: torch.device) -> str:
     if device.type != "cuda":
         return "ieee"
     return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def noise_dot_precision(device: torch.device) -> str:
+    """tl.dot input precision of the noise term x @ N^T for float32 inputs (virtual_noise.precision):
+    tf32 by default, tf32x3 when opted in, torch's choice with "matmul"."""
+    from ..precision import get_noise_precision
+
+    setting = get_noise_precision()
+    if device.type != "cuda":
+        return "ieee"
+    if setting == "matmul":
+        return fp32_dot_precision(device)
+    return "tf32x3" if setting == "highest" else "tf32"

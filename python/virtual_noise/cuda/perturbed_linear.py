@@ -17,11 +17,12 @@ base; for 16-bit x (whose output dtype cannot hold a float32 base) and x that
 does not flatten without a copy, the kernel computes x_i @ W^T from W tiles in
 the same K loop as x_i @ N_i^T.
 
-Precision contract: accumulation is float32. The W part of the product has
-x's precision (float32 dots follow torch.get_float32_matmul_precision:
-"highest" -> tf32x3 in the kernel and float32 in the base GEMMs, else tf32); the
-noise enters the dot rounded to x's dtype (bf16/fp16 inputs) or at the fp32
-dot precision, so the sigma-scaled noise term's rounding is the only
+Precision contract (docs/precision.md): accumulation is float32. The W part of
+the product has x's precision (float32 dots follow torch.get_float32_matmul_precision:
+"highest" -> float32 in the base GEMMs and tf32x3 where the kernel computes it
+from W tiles, else tf32); the noise enters the dot rounded to x's dtype
+(bf16/fp16 inputs) or, for float32 x, at tf32 unless virtual_noise.set_noise_precision
+asks for more, so the sigma-scaled noise term's rounding is the only
 difference from the noise the gradient sees. (On Hopper, wide shared float32
 x at tf32 enters the kernels as a row-scaled float16 copy holding the same tf32
 values, at batches over 32: row_scaled_fp16.py states what that changes. For
@@ -37,8 +38,9 @@ import triton
 import triton.language as tl
 
 from . import perturbed_linear_large_batch as _large_batch
+from . import perturbed_weights as _perturbed_weights
 from . import row_scaled_fp16
-from .device_info import fp32_dot_precision, supports_pdl
+from .device_info import fp32_dot_precision, noise_dot_precision, supports_pdl
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 from .row_scaled_fp16 import row_block, scale_row
@@ -48,7 +50,7 @@ from .row_scaled_fp16 import row_block, scale_row
 def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, stride_xk, stride_wn, stride_wk,
             noise0, noise1, lin0, lin1,
             SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, ANTITHETIC: tl.constexpr, PRECISION: tl.constexpr,
-            ROW_SCALED: tl.constexpr):
+            LIN_PRECISION: tl.constexpr, ROW_SCALED: tl.constexpr):
     """One K step: the (len(kk) x BN) noise tile from counters c[n] + lane_k[k], dotted with x."""
     x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
     nt = noise_from_counter(c[None, :] + lane_k[:, None])  # (BK, BN): N_u^T
@@ -62,9 +64,9 @@ def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, st
         noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
     if W_IN_KERNEL:
         wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
-        lin0 = tl.dot(x0, wt, lin0, input_precision=PRECISION)
+        lin0 = tl.dot(x0, wt, lin0, input_precision=LIN_PRECISION)
         if ANTITHETIC:
-            lin1 = tl.dot(x1, wt, lin1, input_precision=PRECISION)
+            lin1 = tl.dot(x1, wt, lin1, input_precision=LIN_PRECISION)
     return noise0, noise1, lin0, lin1
 
 
@@ -77,7 +79,7 @@ def _perturbed_linear_kernel(
     stride_op, stride_ob, stride_bp, stride_bb,
     sigma, w_offset, b_offset, noise_sn, noise_sk,
     SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, LIN_PRECISION: tl.constexpr,
     K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr, GDC_WAIT: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):
     n_tiles = tl.cdiv(out_f, BN)
@@ -112,7 +114,7 @@ def _perturbed_linear_kernel(
         noise0, noise1, lin0, lin1 = _k_step(
             x0_ptrs, w_ptr, offs_n, k0 + tl.arange(0, BK), c, lane_k, mask_m[:, None], mask_n[None, :],
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION, ROW_SCALED)
+            PRECISION, LIN_PRECISION, ROW_SCALED)
         c += c_step
     if K_TAIL > 0:
         kt = k_main + tl.arange(0, K_TAIL)
@@ -121,7 +123,7 @@ def _perturbed_linear_kernel(
             x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL).to(tl.int64) * noise_sk),
             mask_m[:, None] & mask_t[None, :], mask_n[None, :] & mask_t[:, None],
             stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION, ROW_SCALED)
+            PRECISION, LIN_PRECISION, ROW_SCALED)
 
     if HAS_BIAS:
         # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
@@ -322,12 +324,16 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transpos
     if out.numel() == 0:
         return out
     seeds = seeds.to(torch.int64).contiguous()
-    precision = fp32_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
+    fp32 = x.dtype == torch.float32
+    precision = noise_dot_precision(x.device) if fp32 else "ieee"  # the noise term's (virtual_noise.precision)
+    lin_precision = fp32_dot_precision(x.device) if fp32 else "ieee"  # x @ W^T: torch's
     pdl = False  # whether the forward kernel launches programmatically dependent on the base kernel
     copy = None  # (x16, inv): x's row-scaled float16 copy, for the kernel's x operand
     if shared:  # the shared part, once
-        base, pdl, copy = _shared_base(x, weight, bias, precision, _takes_copy(x, precision), transposed)
+        base, pdl, copy = _shared_base(x, weight, bias, lin_precision, _takes_copy(x, precision), transposed)
         stride_bp, stride_bb, w_in_kernel = 0, out_f, False
+    elif _perturbed_weights.serves(x, shared):  # many rows per individual: hash once, then cuBLAS
+        return _perturbed_weights.perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transposed, out)
     elif _base_in_out(x, out):  # x_i @ W^T + b, for all individuals at once, written into out
         base = out
         _cublas_base(x.view(-1, in_f), weight, bias, out=out.view(-1, out_f), transposed=transposed)
@@ -352,7 +358,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transpos
         out.stride(0), out.stride(1), stride_bp, stride_bb,
         float(sigma), offset, offset + out_f * in_f, 1 if transposed else in_f, out_f if transposed else 1,
         SHARED_X=shared, W_IN_KERNEL=w_in_kernel, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
-        BM=bm, BN=bn, BK=bk, PRECISION=precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail, GDC_WAIT=pdl,
+        BM=bm, BN=bn, BK=bk, PRECISION=precision, LIN_PRECISION=lin_precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail, GDC_WAIT=pdl,
         ROW_SCALED=copy is not None,
         num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"launch_pdl": True} if pdl else {}),
