@@ -53,6 +53,28 @@ at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t o
   return h.call(seeds, n_elements, offset);
 }
 
+at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                    double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                    bool transposed) {
+  static const auto h =
+      op<decltype(lowrank_perturbed_linear)>("virtual_noise::lowrank_perturbed_linear");
+  return h.call(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed);
+}
+
+at::Tensor lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                   at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                   int64_t offset, int64_t rank, bool antithetic) {
+  static const auto h = op<decltype(lowrank_weight_gradient)>("virtual_noise::lowrank_weight_gradient");
+  return h.call(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic);
+}
+
+at::Tensor generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset) {
+  static const auto h = op<decltype(generate_lowrank_noise)>("virtual_noise::generate_lowrank_noise");
+  return h.call(seeds, weight_shape, rank, offset);
+}
+
 const char* simd_level() { return cpu::simd_level(); }
 
 }  // namespace virtual_noise

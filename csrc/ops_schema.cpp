@@ -43,6 +43,22 @@ void validate_generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_
   check_generate_noise(seeds, n_elements, offset);
 }
 
+void validate_lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                       double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                       bool transposed) {
+  check_lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed);
+}
+void validate_lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                      at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                      int64_t offset, int64_t rank, bool antithetic) {
+  check_lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic);
+}
+void validate_generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                     int64_t offset) {
+  check_generate_lowrank_noise(seeds, weight_shape, rank, offset);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(virtual_noise, m) {
@@ -58,6 +74,11 @@ TORCH_LIBRARY(virtual_noise, m) {
   m.def("reduce_metric(Tensor center, Tensor seeds, float sigma, int n_params, int offset, "
         "bool antithetic=False) -> Tensor", pt2);
   m.def("generate_noise(Tensor seeds, int n_elements, int offset) -> Tensor", pt2);
+  m.def("lowrank_perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, float sigma, "
+        "int offset, int rank, bool antithetic=False, bool transposed=False) -> Tensor", pt2);
+  m.def("lowrank_weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
+        "int pop_size, int offset, int rank, bool antithetic=False) -> Tensor", pt2);
+  m.def("generate_lowrank_noise(Tensor seeds, int[] weight_shape, int rank, int offset) -> Tensor", pt2);
 
   m.def("_validate_perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, "
         "float sigma, int offset, bool antithetic, bool transposed) -> ()", &validate_perturbed_linear);
@@ -73,6 +94,12 @@ TORCH_LIBRARY(virtual_noise, m) {
         "int offset, bool antithetic) -> ()", &validate_reduce_metric);
   m.def("_validate_generate_noise(Tensor seeds, int n_elements, int offset) -> ()",
         &validate_generate_noise);
+  m.def("_validate_lowrank_perturbed_linear(Tensor x, Tensor weight, Tensor? bias, Tensor seeds, float sigma, "
+        "int offset, int rank, bool antithetic, bool transposed) -> ()", &validate_lowrank_perturbed_linear);
+  m.def("_validate_lowrank_weight_gradient(Tensor fitness, Tensor seeds, int[] weight_shape, float sigma, "
+        "int pop_size, int offset, int rank, bool antithetic) -> ()", &validate_lowrank_weight_gradient);
+  m.def("_validate_generate_lowrank_noise(Tensor seeds, int[] weight_shape, int rank, int offset) -> ()",
+        &validate_generate_lowrank_noise);
 }
 
 }  // namespace virtual_noise

@@ -47,10 +47,11 @@ bool is_float_input(at::ScalarType t) {
 
 }  // namespace
 
-LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
-                                  const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
-                                  double sigma, int64_t offset, bool antithetic, bool transposed) {
-  const char* op = "virtual_noise.perturbed_linear";
+namespace {
+
+LinearDims check_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias, const at::Tensor& seeds, double sigma,
+                        int64_t offset, bool antithetic, bool transposed) {
   check_seeds(op, seeds);
   TORCH_CHECK_TYPE(is_float_input(x.scalar_type()), op,
                    ": `x` must be float32, bfloat16 or float16; got ", x.scalar_type());
@@ -92,6 +93,64 @@ LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   // Weight and bias noise occupy offset .. offset + out*in + out.
   check_offset(op, offset, d.out_features * d.in_features + (d.has_bias ? d.out_features : c10::SymInt(0)));
   return d;
+}
+
+void check_shape_2d(const char* op, at::IntArrayRef shape) {
+  TORCH_CHECK_VALUE(shape.size() == 2, op, ": `weight_shape` must have 2 dims; got ", shape);
+  for (const int64_t s : shape)
+    TORCH_CHECK_VALUE(s >= 0, op, ": `weight_shape` must be non-negative; got ", shape);
+}
+
+}  // namespace
+
+LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                  double sigma, int64_t offset, bool antithetic, bool transposed) {
+  return check_linear("virtual_noise.perturbed_linear", x, weight, bias, seeds, sigma, offset, antithetic,
+                      transposed);
+}
+
+void check_rank(const char* op, int64_t rows, int64_t cols, int64_t rank) {
+  TORCH_CHECK_VALUE(rank >= 1, op, ": `rank` must be >= 1; got ", rank);
+  int64_t factors = 0, block = 0;
+  const bool overflow = __builtin_add_overflow(rows, cols, &factors) ||
+                        __builtin_mul_overflow(factors, rank, &factors) ||
+                        __builtin_mul_overflow(rows, cols, &block);
+  TORCH_CHECK_VALUE(!overflow && factors <= block, op, ": `rank` ", rank, " is too large for the (", rows, ", ",
+                    cols, ") block: its factors, (rows + cols) * rank = ", factors,
+                    " noise elements, must fit in the block's rows * cols = ", block);
+}
+
+LinearDims check_lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                          const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                          double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                          bool transposed) {
+  const char* op = "virtual_noise.lowrank_perturbed_linear";
+  const LinearDims d = check_linear(op, x, weight, bias, seeds, sigma, offset, antithetic, transposed);
+  if (weight.dim() == 2 && !weight.sym_size(0).is_symbolic() && !weight.sym_size(1).is_symbolic())
+    check_rank(op, weight.size(0), weight.size(1), rank);
+  else
+    TORCH_CHECK_VALUE(rank >= 1, op, ": `rank` must be >= 1; got ", rank);
+  return d;
+}
+
+int64_t check_lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                      at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                      int64_t offset, int64_t rank, bool antithetic) {
+  const char* op = "virtual_noise.lowrank_weight_gradient";
+  const int64_t n = check_noise_gradient(op, "weight_shape", 2, fitness, seeds, weight_shape, sigma, pop_size,
+                                         offset, antithetic);
+  check_rank(op, weight_shape[0], weight_shape[1], rank);
+  return n;
+}
+
+void check_generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset) {
+  const char* op = "virtual_noise.generate_lowrank_noise";
+  check_seeds(op, seeds);
+  check_shape_2d(op, weight_shape);
+  check_rank(op, weight_shape[0], weight_shape[1], rank);
+  check_offset(op, offset, c10::SymInt(weight_shape[0] * weight_shape[1]));
 }
 
 EmbeddingDims check_perturbed_embedding(const at::Tensor& indices, const at::Tensor& weight,

@@ -30,6 +30,23 @@ LinearDims check_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
                                   double sigma, int64_t offset, bool antithetic, bool transposed);
 
+// Low-rank noise of a block stored (rows, cols) with rank r: factors A (rows, r) at offset and
+// B (cols, r) after it, inside the block's own region: r >= 1 and (rows + cols) * r <= rows * cols.
+void check_rank(const char* op, int64_t rows, int64_t cols, int64_t rank);
+
+LinearDims check_lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                          const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                          double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                          bool transposed);
+
+// Returns the number of elements.
+int64_t check_lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                      at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                      int64_t offset, int64_t rank, bool antithetic);
+
+void check_generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset);
+
 struct EmbeddingDims {
   c10::SymInt pop;
   c10::SymInt n_seeds;

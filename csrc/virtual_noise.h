@@ -39,5 +39,18 @@ at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, doub
                          int64_t n_params, int64_t offset, bool antithetic = false);
 // float32 (len(seeds), n_elements): the noise itself.
 at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset);
+// Low-rank noise N_i = sqrt(12 / rank) * A_i @ B_i^T of a block stored (rows, cols): factors A_i
+// (rows, rank) at offset, B_i (cols, rank) after them. The forward, as perturbed_linear:
+at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                    double sigma, int64_t offset, int64_t rank, bool antithetic = false,
+                                    bool transposed = false);
+// float32 weight_shape: sum_i f_i N_i / (pop_size * sigma).
+at::Tensor lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                   at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                   int64_t offset, int64_t rank, bool antithetic = false);
+// float32 (len(seeds), rows, cols): N_i materialized.
+at::Tensor generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset);
 
 }  // namespace virtual_noise

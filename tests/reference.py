@@ -147,3 +147,37 @@ def assert_population_close(out, refs, rtol, atol, path="out"):
             assert_population_close(o, [r[j] for r in refs], rtol, atol, f"{path}[{j}]")
     else:
         assert all(r == out for r in refs), f"{path}: {out!r}"
+
+
+def lowrank_factors_ref(seeds, rows, cols, rank, offset):
+    """float64 factors A (S, rows, r) and B (S, cols, r) of the low-rank spec, from the numpy spec."""
+    a = torch.from_numpy(noise_np([int(s) for s in torch.as_tensor(seeds).tolist()], rows * rank, offset))
+    b = torch.from_numpy(noise_np([int(s) for s in torch.as_tensor(seeds).tolist()], cols * rank, offset + rows * rank))
+    return a.view(-1, rows, rank), b.view(-1, cols, rank)
+
+
+def lowrank_noise_ref(seeds, rows, cols, rank, offset, antithetic=False):
+    """float64 (P, rows, cols): sqrt(12 / r) A_i @ B_i^T, mirrored pairs when antithetic."""
+    a, b = lowrank_factors_ref(seeds, rows, cols, rank, offset)
+    n = (12.0 / rank) ** 0.5 * a @ b.transpose(1, 2)
+    return torch.stack([n, -n], dim=1).flatten(0, 1) if antithetic else n
+
+
+def lowrank_perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, rank, antithetic=False, transposed=False):
+    rows, cols = weight.shape
+    n = lowrank_noise_ref(seeds, rows, cols, rank, offset, antithetic)
+    w = weight.double()[None] + sigma * n  # stored layout
+    xs = x.double()
+    if xs.dim() == 2:
+        xs = xs.expand(n.shape[0], *xs.shape)
+    y = torch.bmm(xs, w if transposed else w.transpose(1, 2))
+    if bias is not None:
+        out_f = bias.shape[0]
+        nb = noise_ref(seeds, out_f, offset + rows * cols, antithetic)
+        y = y + (bias.double()[None] + sigma * nb)[:, None, :]
+    return y
+
+
+def lowrank_gradient_ref(fitness, seeds, shape, sigma, pop_size, offset, rank, antithetic=False):
+    n = lowrank_noise_ref(seeds, shape[0], shape[1], rank, offset, antithetic)
+    return torch.einsum("p,pij->ij", fitness.double(), n) / (pop_size * sigma)

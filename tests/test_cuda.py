@@ -3,8 +3,9 @@ triton (CI), run on the device machine."""
 
 import pytest
 import torch
-from reference import (gradient_ref, noise_ref, perturbed_embedding_ref, perturbed_linear_ref,
-                       perturbed_linear_transposed_ref, reduce_metric_ref)
+from reference import (gradient_ref, lowrank_gradient_ref, lowrank_perturbed_linear_ref, noise_ref,
+                       perturbed_embedding_ref, perturbed_linear_ref, perturbed_linear_transposed_ref,
+                       reduce_metric_ref)
 
 import virtual_noise as vn
 
@@ -580,3 +581,45 @@ def test_es_training_on_cuda(tmp_path):
     assert main(["train", "--device", "cuda", "--generations", "100", "--no-progress", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["device"].startswith("cuda") and summary["test_acc"] >= 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("rank,transposed", [(1, False), (4, True), (16, False)])
+def test_lowrank_vs_reference_and_cpu(dtype, shared, antithetic, rank, transposed):
+    g = torch.Generator().manual_seed(rank + shared)
+    m, batch, in_f, out_f = 3, 130, 300, 200
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
+    w = (torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)) / in_f**0.5
+    w, b = w.to(dtype), torch.randn(out_f, generator=g).to(dtype)
+    args = (s, 0.3, 2**33, rank)
+    y = vn.virtual_lowrank_perturbed_linear(x.cuda(), w.cuda(), b.cuda(), s.cuda(), 0.3, 2**33, rank,
+                                            antithetic=antithetic, transposed=transposed)
+    ref = lowrank_perturbed_linear_ref(x, w, b, *args, antithetic, transposed)
+    cpu = vn.virtual_lowrank_perturbed_linear(x, w, b, *args, antithetic=antithetic, transposed=transposed)
+    tol = {torch.float32: 2e-3, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]  # fp32: tf32 noise term
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(y.cpu().double(), cpu.double(), rtol=tol, atol=tol)
+    assert torch.equal(y, vn.virtual_lowrank_perturbed_linear(x.cuda(), w.cuda(), b.cuda(), s.cuda(), 0.3, 2**33,
+                                                              rank, antithetic=antithetic, transposed=transposed))
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_lowrank_gradient_and_noise_vs_cpu(antithetic):
+    g = torch.Generator().manual_seed(2)
+    m, rows, cols, r = 300, 128, 96, 4
+    pop = 2 * m if antithetic else m
+    s, f = seeds_for(m, g), torch.randn(pop, generator=g)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        got = vn.virtual_lowrank_weight_gradient(f.cuda(), s.cuda(), (rows, cols), 0.2, pop, 7, r, antithetic=antithetic)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    ref = lowrank_gradient_ref(f, s, (rows, cols), 0.2, pop, 7, r, antithetic)
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(vn.generate_lowrank_noise(s.cuda(), (rows, cols), r, 7).cpu(),
+                       vn.generate_lowrank_noise(s, (rows, cols), r, 7))

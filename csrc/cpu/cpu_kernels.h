@@ -21,6 +21,15 @@ at::Tensor bias_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
 at::Tensor reduce_metric(const at::Tensor& center, const at::Tensor& seeds, double sigma,
                          int64_t n_params, int64_t offset, bool antithetic);
 at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t offset);
+at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                    double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                    bool transposed);
+at::Tensor lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                   at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                   int64_t offset, int64_t rank, bool antithetic);
+at::Tensor generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset);
 
 // Per-seed keys (the first mix of the spec), hashed once per call.
 std::vector<uint64_t> seed_keys(const at::Tensor& seeds);

@@ -51,6 +51,29 @@ at::Tensor generate_noise(const at::Tensor& seeds, int64_t n_elements, int64_t o
                          seeds.options().dtype(at::kFloat));
 }
 
+at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
+                                    double sigma, int64_t offset, int64_t rank, bool antithetic,
+                                    bool transposed) {
+  const LinearDims d = check_lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic,
+                                                      transposed);
+  return at::empty_symint({d.pop, d.batch, d.out_features}, x.options());
+}
+
+at::Tensor lowrank_weight_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                   at::IntArrayRef weight_shape, double sigma, int64_t pop_size,
+                                   int64_t offset, int64_t rank, bool antithetic) {
+  check_lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic);
+  return at::empty(weight_shape, fitness.options().dtype(at::kFloat));
+}
+
+at::Tensor generate_lowrank_noise(const at::Tensor& seeds, at::IntArrayRef weight_shape, int64_t rank,
+                                  int64_t offset) {
+  check_generate_lowrank_noise(seeds, weight_shape, rank, offset);
+  return at::empty_symint({seeds.sym_size(0), c10::SymInt(weight_shape[0]), c10::SymInt(weight_shape[1])},
+                          seeds.options().dtype(at::kFloat));
+}
+
 }  // namespace
 }  // namespace virtual_noise::meta
 
@@ -62,4 +85,7 @@ TORCH_LIBRARY_IMPL(virtual_noise, Meta, m) {
   m.impl("bias_gradient", &bias_gradient);
   m.impl("reduce_metric", &reduce_metric);
   m.impl("generate_noise", &generate_noise);
+  m.impl("lowrank_perturbed_linear", &lowrank_perturbed_linear);
+  m.impl("lowrank_weight_gradient", &lowrank_weight_gradient);
+  m.impl("generate_lowrank_noise", &generate_lowrank_noise);
 }

@@ -17,8 +17,11 @@ from . import cuda as _cuda  # noqa: E402  (registers the CUDA kernels or their 
 from .offsets import compute_offsets  # noqa: E402
 from .precision import get_noise_precision, set_noise_precision  # noqa: E402
 from .ops import (  # noqa: E402
+    generate_lowrank_noise,
     generate_noise,
     virtual_bias_gradient,
+    virtual_lowrank_perturbed_linear,
+    virtual_lowrank_weight_gradient,
     virtual_perturbed_embedding,
     virtual_perturbed_linear,
     virtual_reduce_metric,
@@ -49,10 +52,13 @@ __all__ = [
     "build_info",
     "cmake_prefix_path",
     "compute_offsets",
+    "generate_lowrank_noise",
     "generate_noise",
     "get_noise_precision",
     "set_noise_precision",
     "virtual_bias_gradient",
+    "virtual_lowrank_perturbed_linear",
+    "virtual_lowrank_weight_gradient",
     "virtual_perturbed_embedding",
     "virtual_perturbed_linear",
     "virtual_reduce_metric",

@@ -162,3 +162,55 @@ def generate_noise(seeds: Tensor, n_elements: int, offset: int = 0) -> Tensor:
     never materialize it.
     """
     return _ops.generate_noise(seeds, int(n_elements), int(offset))
+
+
+def virtual_lowrank_perturbed_linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seeds: Tensor,
+    sigma: float,
+    offset: int,
+    rank: int,
+    *,
+    antithetic: bool = False,
+    transposed: bool = False,
+) -> Tensor:
+    """Linear layer of every individual with low-rank noise (EGGROLL-style), never stored:
+    ``Y[i] = X[i] @ W^T + b + sigma * (X[i] @ N_i^T + nb_i)`` with ``N_i = sqrt(12/r) A_i @ B_i^T``.
+
+    The factors of the weight block stored (rows, cols) at ``offset`` are
+    ``A[j, q] = noise(seed, offset + j*r + q)`` (rows x r) and
+    ``B[k, q] = noise(seed, offset + rows*r + k*r + q)`` (cols x r), inside the block's own noise
+    region, so ``compute_offsets`` and the layout are those of full-rank noise; the bias noise stays
+    full rank at ``offset + out*in + j``. Arguments as ``virtual_perturbed_linear``; ``rank`` >= 1 with
+    (rows + cols) * rank <= rows * cols.
+
+    Returns:
+        (P, batch, out) in x's dtype.
+    """
+    return _ops.lowrank_perturbed_linear(x, weight, bias, seeds, float(sigma), int(offset), int(rank), antithetic,
+                                         transposed)
+
+
+def virtual_lowrank_weight_gradient(
+    fitness: Tensor,
+    seeds: Tensor,
+    weight_shape: Sequence[int],
+    sigma: float,
+    pop_size: int,
+    offset: int,
+    rank: int,
+    *,
+    antithetic: bool = False,
+) -> Tensor:
+    """ES gradient estimate of a low-rank block: ``sum_i f_i N_i / (pop_size * sigma)``, float32
+    ``weight_shape`` (the stored shape), computed as GEMMs over the generated factors."""
+    return _ops.lowrank_weight_gradient(fitness, seeds, [int(s) for s in weight_shape], float(sigma), int(pop_size),
+                                        int(offset), int(rank), antithetic)
+
+
+def generate_lowrank_noise(seeds: Tensor, weight_shape: Sequence[int], rank: int, offset: int = 0) -> Tensor:
+    """The low-rank noise itself: float32 (len(seeds), rows, cols), ``N_i = sqrt(12/r) A_i @ B_i^T``
+    (for tests and users' checks; the other operators never form it)."""
+    return _ops.generate_lowrank_noise(seeds, [int(s) for s in weight_shape], int(rank), int(offset))

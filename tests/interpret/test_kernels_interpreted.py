@@ -3,10 +3,12 @@ and the float64 reference: bit-identical noise, matching outputs."""
 
 import pytest
 import torch
-from reference import gradient_ref, noise_ref, perturbed_linear_ref, reduce_metric_ref
+from reference import (gradient_ref, lowrank_gradient_ref, lowrank_noise_ref, lowrank_perturbed_linear_ref, noise_ref,
+                       perturbed_linear_ref, reduce_metric_ref)
 
 import virtual_noise as vn
 from virtual_noise.cuda import generate_noise as gen
+from virtual_noise.cuda import lowrank
 from virtual_noise.cuda import noise_gradient as grad
 from virtual_noise.cuda import perturbed_embedding as emb
 from virtual_noise.cuda import perturbed_linear as lin
@@ -302,3 +304,43 @@ def test_reduce_metric(antithetic, n, m):
     torch.testing.assert_close(out.double(), reduce_metric_ref(c, s, 0.2, 2**33 + 3, antithetic), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, cpu, rtol=1e-5, atol=1e-6)
     assert torch.isnan(red.reduce_metric(c[:0], s, 0.2, 0, 0, antithetic)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("rank", [1, 4, 17])
+def test_lowrank_perturbed_linear(dtype, shared, antithetic, transposed, rank):
+    g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed)
+    m, batch, in_f, out_f = 3, 37, 70, 90  # several K steps, two output tiles, a partial batch tile
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
+    w = (torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype)
+    y = lowrank.lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33 + 7, rank, antithetic, transposed)
+    cpu = vn.virtual_lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33 + 7, rank, antithetic=antithetic,
+                                              transposed=transposed)
+    ref = lowrank_perturbed_linear_ref(x, w, b, s, 0.3, 2**33 + 7, rank, antithetic, transposed)
+    assert y.dtype == dtype and y.shape == (pop, batch, out_f)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * in_f**0.5)
+    torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_lowrank_gradient_and_generate(antithetic, monkeypatch):
+    monkeypatch.setattr(lowrank, "SCRATCH_BYTES", 4000)  # several chunks of seeds
+    g = torch.Generator().manual_seed(int(antithetic))
+    m, rows, cols, r = 9, 40, 33, 3
+    pop = 2 * m if antithetic else m
+    s, f = seeds_for(m, g), torch.randn(pop, generator=g)
+    got = lowrank.lowrank_weight_gradient(f, s, [rows, cols], 0.2, pop, 2**35, r, antithetic)
+    cpu = vn.virtual_lowrank_weight_gradient(f, s, (rows, cols), 0.2, pop, 2**35, r, antithetic=antithetic)
+    ref = lowrank_gradient_ref(f, s, (rows, cols), 0.2, pop, 2**35, r, antithetic)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, cpu, rtol=1e-5, atol=1e-5)
+    n = lowrank.generate_lowrank_noise(s, [rows, cols], r, 2**35)
+    assert torch.equal(n, vn.generate_lowrank_noise(s, (rows, cols), r, 2**35))  # the same bits as the CPU
+    torch.testing.assert_close(n.double(), lowrank_noise_ref(s, rows, cols, r, 2**35), rtol=1e-6, atol=1e-7)

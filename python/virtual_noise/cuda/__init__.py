@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-OPS = ("perturbed_linear", "perturbed_embedding", "weight_gradient", "bias_gradient", "reduce_metric", "generate_noise")
+OPS = ("perturbed_linear", "perturbed_embedding", "lowrank_perturbed_linear", "lowrank_weight_gradient",
+       "generate_lowrank_noise", "weight_gradient", "bias_gradient", "reduce_metric", "generate_noise")
 
 
 def _triton_importable() -> bool:

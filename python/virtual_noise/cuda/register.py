@@ -7,6 +7,7 @@ metadata only, no device sync), so CUDA callers get the CPU backend's errors.
 import torch
 
 from . import generate_noise as _gen
+from . import lowrank as _lowrank
 from . import noise_gradient as _grad
 from . import perturbed_embedding as _emb
 from . import perturbed_linear as _lin
@@ -51,3 +52,22 @@ def _reduce_metric(center, seeds, sigma, n_params, offset, antithetic=False):
 def _generate_noise(seeds, n_elements, offset):
     _ops._validate_generate_noise(seeds, n_elements, offset)
     return _gen.generate_noise(seeds, n_elements, offset)
+
+
+@torch.library.register_kernel("virtual_noise::lowrank_perturbed_linear", "cuda")
+def _lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic=False, transposed=False):
+    _ops._validate_lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed)
+    return _lowrank.lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed)
+
+
+@torch.library.register_kernel("virtual_noise::lowrank_weight_gradient", "cuda")
+def _lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic=False):
+    _ops._validate_lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic)
+    return _lowrank.lowrank_weight_gradient(fitness, seeds, list(weight_shape), sigma, pop_size, offset, rank,
+                                            antithetic)
+
+
+@torch.library.register_kernel("virtual_noise::generate_lowrank_noise", "cuda")
+def _generate_lowrank_noise(seeds, weight_shape, rank, offset):
+    _ops._validate_generate_lowrank_noise(seeds, weight_shape, rank, offset)
+    return _lowrank.generate_lowrank_noise(seeds, list(weight_shape), rank, offset)

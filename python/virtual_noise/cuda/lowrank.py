@@ -1,0 +1,209 @@
+"""Low-rank virtual noise on CUDA: the factors hashed in registers, never the (out, in) noise.
+
+A weight stored (rows, cols) at offset with rank r has factors A (rows, r) at
+offset and B (cols, r) after them; N = sqrt(12/r) A @ B^T. For a linear weight
+stored (out, in) the input factor is B and the output factor A (stored
+(in, out), transposed, the other way round). The forward is
+
+    y_i = x_i @ W^T + b  (cuBLAS: the inference GEMM)
+        + s_i sigma (c * (x_i @ fin_i) @ fout_i^T + nb_i)
+
+with the second line in two small kernels: ``_input_factor_kernel`` reads x
+once and writes u_i = x_i @ fin_i (rows of x x r, float32), and
+``_output_factor_kernel`` hashes fout_i per output tile and adds the rank-r
+product and the bias noise into the output. The gradient is GEMMs over the
+generated factors, a bounded chunk of seeds at a time, in a fixed order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .device_info import noise_dot_precision
+from .launch_math import cdiv, next_power_of_2
+from .noise_spec import counter_offset, noise_from_counter, seed_key
+
+SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds
+
+
+@triton.jit
+def _factor_tile(key, f_offset, rows_idx, mask_rows, R: tl.constexpr, RP: tl.constexpr):
+    """(len(rows_idx), RP) factor values noise(key, f_offset + row * R + q), zero for q >= R or masked rows."""
+    q = tl.arange(0, RP)
+    e = f_offset + rows_idx.to(tl.int64)[:, None] * R + q[None, :]
+    v = noise_from_counter(key + counter_offset(e))
+    return tl.where(mask_rows[:, None] & (q < R)[None, :], v, 0.0)
+
+
+@triton.jit
+def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
+                         SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                         BM: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """u[v] = x_v @ fin (rows x RP, float32). v: a seed for shared x, an individual otherwise."""
+    v = tl.program_id(0)
+    seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
+    key = seed_key(tl.load(seeds_ptr + seed_index))
+    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+    mask_m = offs_m < batch
+    x_base = x_ptr + (0 if SHARED else v.to(tl.int64) * stride_xp) + offs_m[:, None] * stride_xb
+    acc = tl.zeros((BM, RP), dtype=tl.float32)
+    for k0 in range(0, in_f, BK):
+        kk = k0 + tl.arange(0, BK)
+        mask_k = kk < in_f
+        xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        f = _factor_tile(key, fin_offset, kk, mask_k, R, RP)
+        acc = tl.dot(xt, f.to(xt.dtype), acc, input_precision=PRECISION)
+    tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + tl.arange(0, RP)[None, :], acc,
+             mask=mask_m[:, None])
+
+
+@triton.jit
+def _output_factor_kernel(u_ptr, base_ptr, out_ptr, seeds_ptr, batch, out_f, stride_bp, stride_bb,
+                          stride_op, stride_ob, sigma, scale, fout_offset, b_offset,
+                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """out[i] = base[i] + s_i sigma (scale * u_i @ fout^T + nb): one program per (seed or individual,
+    output tile, batch tile); with shared x an antithetic pair shares u and stores both members."""
+    n_tiles = tl.cdiv(out_f, BN)
+    v = tl.program_id(0) // n_tiles
+    t = tl.program_id(0) % n_tiles
+    per_seed = SHARED or not ANTITHETIC
+    seed_index = v if per_seed else v // 2
+    key = seed_key(tl.load(seeds_ptr + seed_index))
+    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+    offs_n = t * BN + tl.arange(0, BN)
+    mask_m, mask_n = offs_m < batch, offs_n < out_f
+    mask = mask_m[:, None] & mask_n[None, :]
+    u = tl.load(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + tl.arange(0, RP)[None, :],
+                mask=mask_m[:, None], other=0.0)
+    fout = _factor_tile(key, fout_offset, offs_n, mask_n, R, RP)  # (BN, RP)
+    term = scale * tl.dot(u, tl.trans(fout), input_precision="ieee")
+    if HAS_BIAS:
+        term += noise_from_counter(key + counter_offset(b_offset + offs_n.to(tl.int64)))[None, :]
+    if SHARED:
+        i0 = (v * 2 if ANTITHETIC else v).to(tl.int64)
+        base = tl.load(base_ptr + offs_m[:, None] * stride_bb + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        out0 = out_ptr + i0 * stride_op + offs_m[:, None] * stride_ob + offs_n[None, :]
+        tl.store(out0, (base + sigma * term).to(out_ptr.dtype.element_ty), mask=mask)
+        if ANTITHETIC:
+            tl.store(out0 + stride_op, (base - sigma * term).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        i = v.to(tl.int64)
+        s = sigma if not ANTITHETIC else tl.where(v % 2 == 0, sigma, -sigma)
+        base = tl.load(base_ptr + i * stride_bp + offs_m[:, None] * stride_bb + offs_n[None, :], mask=mask,
+                       other=0.0).to(tl.float32)
+        tl.store(out_ptr + i * stride_op + offs_m[:, None] * stride_ob + offs_n[None, :],
+                 (base + s * term).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _factor_columns_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, n_rows, K, f_offset, R: tl.constexpr,
+                           HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):
+    """dst[j, v*R + q] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): one seed's factor as
+    R columns of a (n_rows, K) matrix."""
+    v = tl.program_id(0)
+    e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = e < n_rows.to(tl.int64) * R
+    key = seed_key(tl.load(seeds_ptr + u0 + v))
+    val = noise_from_counter(key + counter_offset(f_offset + e))
+    if HAS_COEF:
+        val = val * tl.load(coef_ptr + u0 + v)
+    j, q = e // R, e % R
+    tl.store(dst_ptr + j * K + v * R + q, val, mask=mask)
+
+
+def _roles(rows, cols, r, offset, transposed):
+    """(fin offset, fout offset): the factor applied to x's inputs and the one over the outputs."""
+    a_off, b_off = offset, offset + rows * r
+    return (a_off, b_off) if transposed else (b_off, a_off)
+
+
+def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed):
+    from .perturbed_linear import _cublas_base
+
+    rows, cols = weight.shape
+    in_f, out_f = (rows, cols) if transposed else (cols, rows)
+    pop = seeds.numel() * (2 if antithetic else 1)
+    shared = x.dim() == 2
+    batch = x.shape[-2]
+    out = torch.empty(pop, batch, out_f, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    seeds = seeds.to(torch.int64).contiguous()
+    fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
+    rp = max(16, next_power_of_2(rank))
+    precision = noise_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
+    # x @ W^T + b, the inference GEMM: once for shared x, over all P * batch rows otherwise.
+    if shared:
+        base, stride_bp, stride_bb = _cublas_base(x, weight, bias, transposed=transposed), 0, out_f
+    else:
+        x2 = x.reshape(-1, in_f)
+        if x.dtype == torch.float32:
+            _cublas_base(x2, weight, bias, out=out.view(-1, out_f), transposed=transposed)
+        else:  # 16-bit: the GEMM in x's dtype, as inference runs it, straight into the output
+            w = weight if transposed else weight.t()
+            if bias is None:
+                torch.mm(x2, w, out=out.view(-1, out_f))
+            else:
+                torch.addmm(bias, x2, w, out=out.view(-1, out_f))
+        base, stride_bp, stride_bb = out, out.stride(0), out.stride(1)
+    units = seeds.numel() if shared else pop
+    u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
+    bm = min(64, max(16, next_power_of_2(batch)))
+    x3 = x[None] if shared else x
+    _input_factor_kernel[(units, cdiv(batch, bm))](
+        x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
+        SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm, BK=64, PRECISION=precision, num_warps=4)
+    bn = 64
+    _output_factor_kernel[(units * cdiv(out_f, bn), cdiv(batch, bm))](
+        u, base, out, seeds, batch, out_f, stride_bp, stride_bb, out.stride(0), out.stride(1), float(sigma),
+        math.sqrt(12.0 / rank), fout_off, offset + rows * cols,
+        SHARED=shared, ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=rp, BM=bm, BN=bn, num_warps=4)
+    return out
+
+
+def _factor_columns(seeds, coef, u0, units, n_rows, rank, f_offset, device):
+    k = units * rank
+    dst = torch.empty(n_rows, k, dtype=torch.float32, device=device)
+    block = 1024
+    _factor_columns_kernel[(units, cdiv(n_rows * rank, block))](
+        seeds, coef if coef is not None else seeds, dst, u0, n_rows, k, f_offset, R=rank,
+        HAS_COEF=coef is not None, BLOCK=block, num_warps=4)
+    return dst
+
+
+def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic):
+    rows, cols = weight_shape
+    device = seeds.device
+    grad = torch.zeros(rows, cols, dtype=torch.float32, device=device)
+    if grad.numel() == 0 or seeds.numel() == 0:
+        return grad
+    f = fitness.to(torch.float64)
+    coef = f.view(-1, 2)[:, 0] - f.view(-1, 2)[:, 1] if antithetic else f
+    coef = (coef * (math.sqrt(12.0 / rank) / (pop_size * sigma))).to(torch.float32).contiguous()
+    seeds = seeds.to(torch.int64).contiguous()
+    per_seed = (rows + cols) * rank * 4
+    chunk = max(1, SCRATCH_BYTES // per_seed)
+    for u0 in range(0, seeds.numel(), chunk):  # a fixed order of chunks: deterministic sums
+        units = min(chunk, seeds.numel() - u0)
+        a = _factor_columns(seeds, coef, u0, units, rows, rank, offset, device)
+        b = _factor_columns(seeds, None, u0, units, cols, rank, offset + rows * rank, device)
+        grad.addmm_(a, b.t())
+    return grad
+
+
+def generate_lowrank_noise(seeds, weight_shape, rank, offset):
+    rows, cols = weight_shape
+    seeds = seeds.to(torch.int64).contiguous()
+    s = seeds.numel()
+    if s * rows * cols == 0:
+        return torch.zeros(s, rows, cols, dtype=torch.float32, device=seeds.device)
+    a = _factor_columns(seeds, None, 0, s, rows, rank, offset, seeds.device).view(rows, s, rank).transpose(0, 1)
+    b = _factor_columns(seeds, None, 0, s, cols, rank, offset + rows * rank, seeds.device).view(cols, s, rank)
+    # In float64, as the CPU kernel: products of 24-bit values and their short sums are exact there.
+    n = torch.bmm(a.double(), b.transpose(0, 1).double().transpose(1, 2))
+    return (math.sqrt(12.0 / rank) * n).to(torch.float32)
