@@ -2,6 +2,7 @@
 
 - inference: the same model's plain forward over the same number of sequences (P * batch),
   what serving the model costs;
+- lowrank: the population forward with low-rank noise on the linear layers (rank --rank);
 - materialized: torch.func.vmap over torch.func.functional_call with every individual's
   perturbed parameters materialized (P copies of the model), the usual baseline.
 
@@ -50,8 +51,8 @@ def make_call(mode, model, ids, P, args):
     if mode == "inference":
         all_ids = ids.repeat(P, 1)
         return lambda: model(all_ids)
-    if mode == "population":
-        pop = VirtualPopulation(model)
+    if mode in ("population", "lowrank"):
+        pop = VirtualPopulation(model, noise="lowrank" if mode == "lowrank" else "full", rank=args.rank)
         return lambda: pop(ids, seeds=seeds, sigma=args.sigma)
     if mode == "materialized":
         from torch.func import functional_call, vmap
@@ -113,7 +114,7 @@ def run_mode(mode, P, args, device):
     if device.type == "cpu":
         cmd = [sys.executable, __file__, "--one", mode, "--one-p", str(P), "--device", "cpu", "--dtype", args.dtype,
                "--seq", str(args.seq), "--batch", str(args.batch), "--layers", str(args.layers),
-               "--repeats", str(args.repeats), "--sigma", str(args.sigma)]
+               "--repeats", str(args.repeats), "--sigma", str(args.sigma), "--rank", str(args.rank)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             return None, None, proc.stderr.strip().splitlines()[-1][:80]
@@ -140,7 +141,8 @@ def main():
     p.add_argument("--batch", type=int, default=1, help="sequences per individual")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--populations", default="16,32,64")
-    p.add_argument("--modes", default="inference,population,materialized")
+    p.add_argument("--modes", default="inference,population,lowrank,materialized")
+    p.add_argument("--rank", type=int, default=4, help="rank of the lowrank mode")
     p.add_argument("--sigma", type=float, default=0.01)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from reference import (gradient_ref, noise_ref, perturbed_embedding_ref, perturbed_linear_ref,
-                       perturbed_linear_transposed_ref, reduce_metric_ref)
+from reference import (gradient_ref, lowrank_gradient_ref, lowrank_perturbed_linear_ref, noise_int, noise_ref,
+                       perturbed_embedding_ref, perturbed_linear_ref, perturbed_linear_transposed_ref,
+                       reduce_metric_ref)
 
 import virtual_noise as vn
 
@@ -177,3 +178,56 @@ def test_noise_precision_setting():
             vn.set_noise_precision("ieee")
     finally:
         vn.set_noise_precision(old)
+
+
+
+def test_lowrank_factors_follow_the_integer_spec():
+    """The materialized low-rank noise from factors computed with the spec in plain Python integers
+    (negative seeds, offsets past 2^32)."""
+    import math
+
+    rows, cols, r, offset = 5, 4, 2, 2**33 + 11
+    seeds = torch.tensor([-7, 2**62 + 3])
+    n = vn.generate_lowrank_noise(seeds, (rows, cols), r, offset)
+    for i, seed in enumerate(seeds.tolist()):
+        a = [[noise_int(seed, offset + j * r + q) for q in range(r)] for j in range(rows)]
+        b = [[noise_int(seed, offset + rows * r + k * r + q) for q in range(r)] for k in range(cols)]
+        want = torch.tensor([[math.sqrt(12 / r) * sum(a[j][q] * b[k][q] for q in range(r)) for k in range(cols)]
+                             for j in range(rows)], dtype=torch.float64)
+        torch.testing.assert_close(n[i].double(), want, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared_x", [True, False])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("rank,transposed", [(1, False), (4, True), (8, False)])
+def test_lowrank_perturbed_linear(dtype, shared_x, antithetic, rank, transposed, gen):
+    m, batch, in_f, out_f = 3, 5, 37, 70
+    pop = 2 * m if antithetic else m
+    seeds = seeds_for(m, gen)
+    x = torch.randn((batch, in_f) if shared_x else (pop, batch, in_f), generator=gen).to(dtype)
+    w = (torch.randn(in_f, out_f, generator=gen) if transposed else torch.randn(out_f, in_f, generator=gen)).to(dtype)
+    b = torch.randn(out_f, generator=gen).to(dtype)
+    for bias in (b, None):
+        y = vn.virtual_lowrank_perturbed_linear(x, w, bias, seeds, 0.37, 2**32 + 5, rank, antithetic=antithetic,
+                                                transposed=transposed)
+        assert y.shape == (pop, batch, out_f) and y.dtype == dtype
+        rtol, atol = TOL[dtype]
+        ref = lowrank_perturbed_linear_ref(x, w, bias, seeds, 0.37, 2**32 + 5, rank, antithetic, transposed)
+        torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol * in_f**0.5)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("shape,rank", [((40, 30), 1), ((64, 100), 8), ((3, 500), 2)])
+def test_lowrank_weight_gradient(antithetic, shape, rank, gen):
+    m = 300  # more than one chunk of seeds
+    pop = 2 * m if antithetic else m
+    seeds, f = seeds_for(m, gen), torch.randn(pop, generator=gen)
+    g = vn.virtual_lowrank_weight_gradient(f, seeds, shape, 0.3, pop, 17, rank, antithetic=antithetic)
+    torch.testing.assert_close(g.double(), lowrank_gradient_ref(f, seeds, shape, 0.3, pop, 17, rank, antithetic),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_lowrank_variance_is_one_twelfth():
+    n = vn.generate_lowrank_noise(torch.arange(64), (64, 48), 4, 0)
+    assert abs(n.var().item() - 1 / 12) < 0.004 and abs(n.mean().item()) < 0.005

@@ -180,3 +180,36 @@ def test_perturbed_embedding_index_out_of_range(device, bad):
     with pytest.raises(IndexError, match=rf"every entry of `indices` must be in \[0, num_embeddings = 5\); "
                                          rf"got values in \[{min(bad, 0)}, {max(bad, 2)}\]"):
         vn.virtual_perturbed_embedding(idx, t(5, 3, device=device), seeds(2, device), 0.1, 0)
+
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lowrank_errors(device):
+    x, w, s = t(2, 8, device=device), t(6, 8, device=device), seeds(2, device)
+    op = "virtual_noise.lowrank_perturbed_linear"
+    with pytest.raises(ValueError, match=rf"{op}: `rank` must be >= 1; got 0"):
+        vn.virtual_lowrank_perturbed_linear(x, w, None, s, 0.1, 0, 0)
+    with pytest.raises(ValueError, match=rf"{op}: `rank` 4 is too large for the \(6, 8\) block: its factors, "
+                                         rf"\(rows \+ cols\) \* rank = 56 noise elements, must fit in the block's rows \* cols = 48"):
+        vn.virtual_lowrank_perturbed_linear(x, w, None, s, 0.1, 0, 4)
+    with pytest.raises(ValueError, match=rf"{op}: `x` has 8 features"):
+        vn.virtual_lowrank_perturbed_linear(x, t(6, 5, device=device), None, s, 0.1, 0, 1)
+    with pytest.raises(TypeError, match=rf"{op}: `seeds` must be an integer"):
+        vn.virtual_lowrank_perturbed_linear(x, w, None, t(2, device=device), 0.1, 0, 1)
+    with pytest.raises(ValueError, match=rf"{op}: `offset` must be >= 0"):
+        vn.virtual_lowrank_perturbed_linear(x, w, None, s, 0.1, -3, 1)
+    assert vn.virtual_lowrank_perturbed_linear(x, w, None, s, 0.1, 0, 3).shape == (2, 2, 6)
+    g = "virtual_noise.lowrank_weight_gradient"
+    with pytest.raises(ValueError, match=rf"{g}: `rank` 4 is too large for the \(6, 8\) block"):
+        vn.virtual_lowrank_weight_gradient(t(2, device=device), s, (6, 8), 0.1, 2, 0, 4)
+    with pytest.raises(ValueError, match=rf"{g}: `weight_shape` must have 2 dims"):
+        vn.virtual_lowrank_weight_gradient(t(2, device=device), s, (6,), 0.1, 2, 0, 1)
+    with pytest.raises(ValueError, match=rf"{g}: `sigma` must be nonzero"):
+        vn.virtual_lowrank_weight_gradient(t(2, device=device), s, (6, 8), 0.0, 2, 0, 1)
+    n = "virtual_noise.generate_lowrank_noise"
+    with pytest.raises(ValueError, match=rf"{n}: `rank` must be >= 1"):
+        vn.generate_lowrank_noise(s, (6, 8), -1)
+    with pytest.raises(ValueError, match=rf"{n}: `weight_shape` must have 2 dims"):
+        vn.generate_lowrank_noise(s, (6, 8, 2), 1)
+    with pytest.raises(ValueError, match=rf"{n}: `offset` \+ block size overflows"):
+        vn.generate_lowrank_noise(s, (6, 8), 1, I64_MAX - 10)

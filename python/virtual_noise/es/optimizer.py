@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layout import Evolve
-from ..ops import virtual_bias_gradient
+from ..ops import virtual_bias_gradient, virtual_lowrank_weight_gradient
 from .distributed import Shard
 from .population import VirtualPopulation
 from .shaping import shape_fitness
@@ -38,6 +38,9 @@ class ES:
             evolved parameters are the center.
         evolve: which parameters evolve: None (every one with requires_grad), a list
             of names, or a predicate ``(name, param) -> bool``; the others never change.
+        noise, rank, noise_overrides: "full" (default) or "lowrank" noise of rank ``rank``
+            for the weights of linear layers, with per-parameter overrides
+            (``VirtualPopulation``; docs/lowrank.md).
         population_size: P individuals per generation (even with antithetic).
         sigma: noise scale (the perturbation is sigma * U[-0.5, 0.5)).
         lr: learning rate of the default Adam optimizer.
@@ -73,6 +76,9 @@ class ES:
         process_group=None,
         gradient_mode: str = "all_reduce",
         evolve: Evolve = None,
+        noise: str = "full",
+        rank: int | None = None,
+        noise_overrides: dict | None = None,
     ):
         if not isinstance(population_size, int) or population_size < 1:
             raise ValueError(f"ES: population_size must be a positive int; got {population_size!r}")
@@ -86,7 +92,8 @@ class ES:
         if gradient_mode not in ("all_reduce", "recompute"):
             raise ValueError(f"ES: gradient_mode must be 'all_reduce' or 'recompute'; got {gradient_mode!r}")
         self.module = module
-        self.population = VirtualPopulation(module, evolve=evolve)
+        self.population = VirtualPopulation(module, evolve=evolve, noise=noise, rank=rank,
+                                            noise_overrides=noise_overrides)
         if not self.population.blocks:
             raise ValueError("ES: the model has no parameter to evolve (check `evolve` and requires_grad)")
         self.population_size = population_size
@@ -196,8 +203,13 @@ class ES:
         p = block.param
         # Every block's noise is its flat row-major range at its offset, whatever layer perturbs it
         # (fused or materialized), so one flat estimate serves every block kind.
-        g = virtual_bias_gradient(shaped, seeds, (p.numel(),), self.sigma, shaped.numel(), block.offset,
-                                  antithetic=self.antithetic).view(p.shape)
+        rank = self.population.rank_of(block)
+        if rank:  # low-rank noise: GEMMs over the regenerated factors
+            g = virtual_lowrank_weight_gradient(shaped, seeds, tuple(p.shape), self.sigma, shaped.numel(),
+                                                block.offset, rank, antithetic=self.antithetic)
+        else:
+            g = virtual_bias_gradient(shaped, seeds, (p.numel(),), self.sigma, shaped.numel(), block.offset,
+                                      antithetic=self.antithetic).view(p.shape)
         # The operator divided by this slice's size; the estimate divides by the whole population's.
         return (g * (shaped.numel() / self.population_size / NOISE_VARIANCE)).to(p.dtype)
 
@@ -226,7 +238,9 @@ class ES:
             "generation": self.generation,
             "config": {"population_size": self.population_size, "sigma": self.sigma,
                        "antithetic": self.antithetic, "fitness_shaping": self.fitness_shaping,
-                       "weight_decay": self.weight_decay},
+                       "weight_decay": self.weight_decay, "noise": self.population.noise,
+                       "ranks": dict(self.population.ranks),
+                       "evolved": [b.name for b in self.population.blocks]},
         }
 
     def load_state_dict(self, state: dict) -> None:

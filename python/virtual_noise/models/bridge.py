@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import virtual_perturbed_embedding, virtual_perturbed_linear
+from ..ops import virtual_lowrank_perturbed_linear, virtual_perturbed_embedding, virtual_perturbed_linear
 from .context import PopulationContext
 
 
@@ -63,12 +63,12 @@ def _bias_term(ctx: PopulationContext, bias: Tensor | None, b_off: int | None):
 
 
 def population_linear(ctx: PopulationContext, x: Tensor, weight: Tensor, bias: Tensor | None,
-                      w_off: int | None, b_off: int | None, transposed: bool = False) -> Tensor:
+                      w_off: int | None, b_off: int | None, transposed: bool = False, rank: int = 0) -> Tensor:
     """Per individual: ``x @ (W + sigma N_i)^T + (b + sigma nb_i)`` (``x @ (W + ...)`` with transposed).
 
     ``w_off`` / ``b_off`` are the noise offsets of weight and bias, None where frozen. A bias whose
     region follows the weight's (an nn.Linear's own layout) is fused into the operator; any other
-    evolved bias is small and added materialized.
+    evolved bias is small and added materialized. ``rank`` > 0: the weight's noise is low rank.
     """
     if w_off is None and b_off is None:  # nothing evolved here: the layer as it is
         y = x @ weight if transposed else F.linear(x, weight)
@@ -80,7 +80,10 @@ def population_linear(ctx: PopulationContext, x: Tensor, weight: Tensor, bias: T
         P = ctx.size
         lead = xb.shape[1:-1] if batched[0] else xb.shape[:-1]
         x2 = xb.reshape(P, -1, in_f) if batched[0] else xb.reshape(-1, in_f)
-        if w_off is not None:
+        if w_off is not None and rank:
+            y = virtual_lowrank_perturbed_linear(x2, weight, bias if fuse else None, ctx.seeds, ctx.sigma, w_off, rank,
+                                                 antithetic=ctx.antithetic, transposed=transposed)
+        elif w_off is not None:
             y = virtual_perturbed_linear(x2, weight, bias if fuse else None, ctx.seeds, ctx.sigma, w_off,
                                          antithetic=ctx.antithetic, transposed=transposed)
         else:

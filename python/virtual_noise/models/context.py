@@ -22,13 +22,15 @@ _state = threading.local()
 
 
 class PopulationContext:
-    def __init__(self, seeds: Tensor, sigma: float, antithetic: bool, offsets: dict[int, int], names: dict[int, str]):
+    def __init__(self, seeds: Tensor, sigma: float, antithetic: bool, offsets: dict[int, int], names: dict[int, str],
+                 ranks: dict[int, int] | None = None):
         self.seeds = seeds
         self.sigma = float(sigma)
         self.antithetic = antithetic
         self.size = seeds.numel() * (2 if antithetic else 1)
         self._offsets = offsets  # id(param) -> offset, evolved parameters only
         self._names = names
+        self._ranks = ranks or {}  # id(param) -> rank, low-rank blocks only
         self.token: Tensor | None = None  # set inside the batched call
         self.adapter_depth = 0  # inside a layer adapter's forward
         self.rule_depth = 0  # inside a batched rule (per-individual semantics suspended)
@@ -37,6 +39,10 @@ class PopulationContext:
     def offset(self, param: Tensor | None) -> int | None:
         """The noise offset of an evolved parameter; None for frozen ones (and None)."""
         return None if param is None else self._offsets.get(id(param))
+
+    def rank(self, param: Tensor | None) -> int:
+        """The noise rank of an evolved weight: 0 for full-rank noise."""
+        return 0 if param is None else self._ranks.get(id(param), 0)
 
     def name(self, param: Tensor) -> str:
         return self._names.get(id(param), "<parameter>")

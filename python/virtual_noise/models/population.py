@@ -43,6 +43,12 @@ class VirtualPopulation:
         evolve: which parameters are perturbed and updated: None (every parameter with
             requires_grad), a list of names, or a predicate ``(name, param) -> bool``.
             The others take no noise indices and never change.
+        noise: "full" (every element its own noise) or "lowrank": the weights of nn.Linear
+            layers and Hugging Face Conv1D take rank-``rank`` noise ``sqrt(12/r) A @ B^T``
+            (docs/lowrank.md); every other block, and a weight the rank does not fit
+            ((rows + cols) * rank > rows * cols), stays full rank.
+        rank: the rank of low-rank noise.
+        noise_overrides: per parameter name, "full" or a rank, over the default above.
         max_materialized: the most elements one evolved parameter outside the fused
             layers may have (it takes a (P, *shape) tensor of noise while a call runs).
         check_parameter_use: raise if a parameter that a fused layer perturbs is also used
@@ -56,7 +62,8 @@ class VirtualPopulation:
     shared or (P, batch, in) per individual) is the older form and still works.
     """
 
-    def __init__(self, model: nn.Module, *, evolve: Evolve = None, max_materialized: int = MAX_MATERIALIZED,
+    def __init__(self, model: nn.Module, *, evolve: Evolve = None, noise: str = "full", rank: int | None = None,
+                 noise_overrides: dict | None = None, max_materialized: int = MAX_MATERIALIZED,
                  check_parameter_use: bool = True):
         if not isinstance(model, nn.Module):
             raise TypeError(f"VirtualPopulation: `model` must be an nn.Module; got {type(model).__name__}")
@@ -77,6 +84,9 @@ class VirtualPopulation:
                 self._patches.append((mod, adapter))
                 fused.update({id(p): self._names[id(p)] for p in evolved})
         self._fused = fused
+        self.ranks = _noise_ranks(self.blocks, self._patches, noise, rank, noise_overrides)  # name -> rank, low-rank only
+        self._rank_of = {id(b.param): self.ranks[b.name] for b in self.blocks if b.name in self.ranks}
+        self.noise = noise
         self.fused_blocks = [b for b in self.blocks if id(b.param) in fused]
         self.materialized_blocks = [b for b in self.blocks if id(b.param) not in fused]
         owners = {id(p): (n, m) for n, m in model.named_modules() for p in m.parameters(recurse=False)}
@@ -95,6 +105,10 @@ class VirtualPopulation:
 
     def offset_of(self, param: Tensor) -> int:
         return self._offset_of[id(param)]
+
+    def rank_of(self, block: Block) -> int:
+        """The block's noise rank: 0 for full-rank noise."""
+        return self._rank_of.get(id(block.param), 0)
 
     @property
     def device(self) -> torch.device:
@@ -157,7 +171,7 @@ class VirtualPopulation:
         model as one individual. ``per_individual``: a bool, or one per leaf (whether it has a leading P).
         Returns body's tensors with the population in front."""
         seeds = _as_seeds(seeds, self.device)
-        ctx = PopulationContext(seeds, sigma, antithetic, self._offset_of, self._names)
+        ctx = PopulationContext(seeds, sigma, antithetic, self._offset_of, self._names, self._rank_of)
         P = ctx.size
         if isinstance(per_individual, bool):
             per_individual = [per_individual] * len(leaves)
@@ -221,6 +235,48 @@ class VirtualPopulation:
                     f"it updates its running statistics in place from each batch, which cannot differ per "
                     f"individual. Call model.eval() (it then normalizes with its running statistics), or use "
                     f"nn.GroupNorm / nn.LayerNorm, or BatchNorm with track_running_stats=False.")
+
+
+def _noise_ranks(blocks, patches, noise, rank, overrides) -> dict[str, int]:
+    """The rank of every low-rank block, by name. Low-rank noise serves the weights of the layers
+    whose fused operator is the linear one (nn.Linear, Hugging Face Conv1D): their whole weight is one
+    (rows, cols) block. Embeddings, convolutions (applied group by group) and nn.MultiheadAttention's
+    in-projection (applied in row slices) keep full-rank noise."""
+    if noise not in ("full", "lowrank"):
+        raise ValueError(f"VirtualPopulation: `noise` must be 'full' or 'lowrank'; got {noise!r}")
+    if noise == "lowrank" and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+        raise ValueError(f"VirtualPopulation: noise='lowrank' needs `rank`, a positive int; got {rank!r}")
+    overrides = dict(overrides or {})
+    names = {b.name for b in blocks}
+    unknown = [n for n in overrides if n not in names]
+    if unknown:
+        raise ValueError(f"VirtualPopulation: `noise_overrides` names no evolved parameter: {', '.join(map(repr, unknown))}")
+    # A weight also perturbed by a layer without low-rank noise (an embedding tied to a head) keeps full rank:
+    # every use of a parameter must see the same noise.
+    eligible = {id(getattr(mod, "weight")) for mod, adapter in patches if adapter.lowrank_weight}
+    eligible -= {id(getattr(mod, a, None)) for mod, adapter in patches if not adapter.lowrank_weight
+                 for a in adapter.claims}
+    ranks = {}
+    for b in blocks:
+        want = overrides.get(b.name, rank if noise == "lowrank" else "full")
+        if want == "full":
+            continue
+        if not isinstance(want, int) or isinstance(want, bool) or want < 1:
+            raise ValueError(f"VirtualPopulation: noise_overrides[{b.name!r}] must be 'full' or a positive rank; "
+                             f"got {want!r}")
+        if id(b.param) not in eligible or b.param.dim() != 2:
+            if b.name in overrides:
+                raise ValueError(f"VirtualPopulation: noise_overrides[{b.name!r}]: low-rank noise serves the weights "
+                                 f"of nn.Linear and Hugging Face Conv1D only")
+            continue
+        rows, cols = b.param.shape
+        if (rows + cols) * want > rows * cols:
+            if b.name in overrides:
+                raise ValueError(f"VirtualPopulation: noise_overrides[{b.name!r}]: rank {want} does not fit the "
+                                 f"{tuple(b.param.shape)} block ((rows + cols) * rank > rows * cols)")
+            continue  # the rank does not fit: full-rank noise
+        ranks[b.name] = want
+    return ranks
 
 
 def _is_per_individual(per_individual, key) -> bool:

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shaping", default="centered_ranks", choices=["centered_ranks", "z_score", "raw"])
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--no-antithetic", action="store_true", help="independent noise per individual")
+    p.add_argument("--noise", default="full", choices=["full", "lowrank"],
+                   help="full-rank noise, or low-rank (EGGROLL-style) noise on the linear layers' weights")
+    p.add_argument("--rank", type=int, default=None, help="rank of low-rank noise (default 4 with --noise lowrank)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0, help="one number makes the run reproducible")
     p.add_argument("--out", default=None, help="output directory (default runs/<task>)")
@@ -74,9 +77,14 @@ def resolve(args: argparse.Namespace, error) -> dict:
         error(f"--device {args.device} asked for CUDA, but no CUDA device is available here")
     if device.type not in ("cpu", "cuda"):
         error(f"--device must be cpu, cuda or cuda:N; got {args.device!r}")
+    if args.rank is not None and args.noise != "lowrank":
+        error("--rank applies to --noise lowrank")
+    rank = (4 if args.rank is None else args.rank) if args.noise == "lowrank" else None
+    if rank is not None and rank < 1:
+        error(f"--rank must be >= 1; got {rank}")
     if not args.dist_timeout > 0:
         error(f"--dist-timeout must be > 0; got {args.dist_timeout}")
-    cfg.update(task=args.task, model=args.model, antithetic=antithetic, device=device,
+    cfg.update(task=args.task, model=args.model, antithetic=antithetic, device=device, noise=args.noise, rank=rank,
                out=args.out or f"runs/{args.task}" + (f"-{args.model}" if args.model != "mlp" else ""))
     return cfg
 
@@ -101,10 +109,13 @@ def run(args: argparse.Namespace, error) -> int:
     except ValueError as e:
         error(str(e))
     es = ES(module, population_size=cfg["population"], sigma=cfg["sigma"], lr=cfg["lr"],
-            antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed)
+            antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed,
+            noise=cfg["noise"], rank=cfg["rank"])
     say = print if es.rank == 0 else (lambda *a, **k: None)
     say(f"virtual_noise ES | task {task.name} | model {cfg['model']} | {es.population.n_params} parameters | population "
-        f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | sigma {es.sigma} | lr {cfg['lr']} | "
+        f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | "
+        f"{'low-rank noise, rank ' + str(cfg['rank']) if cfg['noise'] == 'lowrank' else 'full-rank noise'} | "
+        f"sigma {es.sigma} | lr {cfg['lr']} | "
         f"device {cfg['device']}" + (f" | {es.world_size} ranks ({torch.distributed.get_backend()})" if distributed else ""))
     summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
                     time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume,

@@ -37,6 +37,7 @@ def _explicit_padding(m, nd: int):
 class ConvAdapter:
     name = "nn.Conv1d, nn.Conv2d"
     claims = ("weight", "bias")
+    lowrank_weight = False
 
     def matches(self, module) -> bool:
         # A subclass with its own forward may do more than this adapter knows.

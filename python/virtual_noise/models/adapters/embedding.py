@@ -8,6 +8,7 @@ from ..bridge import population_embedding
 class EmbeddingAdapter:
     name = "nn.Embedding"
     claims = ("weight",)
+    lowrank_weight = False
 
     def matches(self, module) -> bool:
         # A subclass with its own forward may do more than this adapter knows.

@@ -11,6 +11,7 @@ from ..bridge import population_linear
 class HFConv1DAdapter:
     name = "transformers Conv1D"
     claims = ("weight", "bias")
+    lowrank_weight = True  # its weight can take low-rank noise (one whole (rows, cols) block)
 
     def matches(self, module) -> bool:
         cls = type(module)
@@ -18,4 +19,4 @@ class HFConv1DAdapter:
 
     def forward(self, m, ctx, x):
         return population_linear(ctx, x, m.weight, m.bias, ctx.offset(m.weight), ctx.offset(m.bias),
-                                 transposed=True)
+                                 transposed=True, rank=ctx.rank(m.weight))

@@ -32,6 +32,7 @@ def _shift(offset, by):
 class MultiheadAttentionAdapter:
     name = "nn.MultiheadAttention"
     claims = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+    lowrank_weight = False
 
     def matches(self, module) -> bool:
         # A subclass with its own forward may do more than this adapter knows.
@@ -129,7 +130,8 @@ class MultiheadAttentionAdapter:
             out = out.permute(2, 0, 1, 3).reshape(bsz * tgt_len, E)
             weights = None
         o = m.out_proj
-        out = population_linear(ctx, out, o.weight, o.bias, ctx.offset(o.weight), ctx.offset(o.bias))
+        out = population_linear(ctx, out, o.weight, o.bias, ctx.offset(o.weight), ctx.offset(o.bias),
+                                rank=ctx.rank(o.weight))
         out = out.reshape(tgt_len, bsz, E)
         if not batched_input:
             out = out.squeeze(1)
