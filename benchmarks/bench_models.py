@@ -146,12 +146,24 @@ def main():
     p.add_argument("--sigma", type=float, default=0.01)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", default=None, help="a mode: print its kernels' time (torch.profiler) and exit")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--one-p", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         return one(args)
     device = torch.device(args.device)
+    if args.profile:
+        P = int(args.populations.split(",")[0])
+        model, ids = build(args, device)
+        fn = make_call(args.profile, model, ids, P, args)
+        timed(fn, device, 1)
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            fn()
+            torch.cuda.synchronize() if device.type == "cuda" else None
+        key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70))
+        return
     rows, results = [], []
     for P in [int(v) for v in args.populations.split(",")]:
         found = {}

@@ -26,9 +26,13 @@ def build(name, g, dtype=torch.float32, device="cpu"):
 
 
 def tolerance(dtype, device):
-    """On CUDA the float32 noise term runs at tf32 (docs/precision.md)."""
+    """On CUDA the float32 noise term runs at tf32 (docs/precision.md); 16-bit models there round the
+    perturbed weight differently from the reference (W and the noise term apart, against W + sigma N
+    rounded once), which a CNN's two 16-bit layers grow to ~0.1 in a few outputs (bf16, H100)."""
     if device == "cuda" and dtype == torch.float32:
         return 5e-3, 5e-3
+    if device == "cuda" and dtype == torch.bfloat16:
+        return 5e-2, 1.5e-1
     return TOL[dtype]
 
 
@@ -74,6 +78,10 @@ def test_population_16bit(name, dtype, device, gen):
     out = VirtualPopulation(model)(*args, seeds=seeds, sigma=0.05, **kwargs)
     refs = population_reference(model, args, kwargs, seeds, 0.05, True)
     assert_population_close(out, refs, *tolerance(dtype, device))
+    first = out[0] if isinstance(out, tuple) else out["out"] if isinstance(out, dict) else out
+    ref = torch.stack([r[0] if isinstance(r, tuple) else r["out"] if isinstance(r, dict) else r for r in refs])
+    err = (first.double() - ref.double()).abs().mean() / ref.double().abs().mean()
+    assert err < 0.01  # on average, within a 16-bit rounding or two
 
 
 def test_layout_follows_named_parameters_and_compute_offsets():

@@ -11,7 +11,9 @@ stored (out, in) the input factor is B and the output factor A (stored
 with the second line in two small kernels: ``_input_factor_kernel`` reads x
 once and writes u_i = x_i @ fin_i (rows of x x r, float32), and
 ``_output_factor_kernel`` hashes fout_i per output tile and adds the rank-r
-product and the bias noise into the output. The gradient is GEMMs over the
+product and the bias noise into the output. The rank-r products are float32
+FMAs over exactly r hashed columns (no tensor-core padding to 16). The noise
+term is exact in float32 for every input dtype. The gradient is GEMMs over the
 generated factors, a bounded chunk of seeds at a time, in a fixed order.
 """
 
@@ -23,42 +25,43 @@ import torch
 import triton
 import triton.language as tl
 
-from .device_info import noise_dot_precision
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
-SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds
+SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds (at least; see lowrank_weight_gradient)
 
 
 @triton.jit
-def _factor_tile(key, f_offset, rows_idx, mask_rows, R: tl.constexpr, RP: tl.constexpr):
-    """(len(rows_idx), RP) factor values noise(key, f_offset + row * R + q), zero for q >= R or masked rows."""
-    q = tl.arange(0, RP)
-    e = f_offset + rows_idx.to(tl.int64)[:, None] * R + q[None, :]
-    v = noise_from_counter(key + counter_offset(e))
-    return tl.where(mask_rows[:, None] & (q < R)[None, :], v, 0.0)
+def _factor_column(key, f_offset, idx, q, R: tl.constexpr):
+    """Column q of a factor at the rows idx: noise(key, f_offset + idx * R + q)."""
+    return noise_from_counter(key + counter_offset(f_offset + idx.to(tl.int64) * R + q))
 
 
 @triton.jit
 def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                         BM: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
-    """u[v] = x_v @ fin (rows x RP, float32). v: a seed for shared x, an individual otherwise."""
+                         BM: tl.constexpr, BK: tl.constexpr):
+    """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero). v: a seed for shared x, an individual
+    otherwise. Each factor element is hashed once per program (R columns, not the padded RP: at rank 1
+    the padding would be 16 times the hashing), and the products are float32 FMAs."""
     v = tl.program_id(0)
     seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
     key = seed_key(tl.load(seeds_ptr + seed_index))
     offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
     mask_m = offs_m < batch
     x_base = x_ptr + (0 if SHARED else v.to(tl.int64) * stride_xp) + offs_m[:, None] * stride_xb
+    cols = tl.arange(0, RP)
     acc = tl.zeros((BM, RP), dtype=tl.float32)
     for k0 in range(0, in_f, BK):
         kk = k0 + tl.arange(0, BK)
         mask_k = kk < in_f
         xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        f = _factor_tile(key, fin_offset, kk, mask_k, R, RP)
-        acc = tl.dot(xt, f.to(xt.dtype), acc, input_precision=PRECISION)
-    tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + tl.arange(0, RP)[None, :], acc,
-             mask=mask_m[:, None])
+        xt = xt.to(tl.float32)
+        for q in tl.static_range(R):
+            f = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
+            part = tl.sum(xt * f[None, :], axis=1)  # (BM,)
+            acc += tl.where(cols[None, :] == q, part[:, None], 0.0)
+    tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + cols[None, :], acc, mask=mask_m[:, None])
 
 
 @triton.jit
@@ -67,7 +70,8 @@ def _output_factor_kernel(u_ptr, base_ptr, out_ptr, seeds_ptr, batch, out_f, str
                           SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr,
                           R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """out[i] = base[i] + s_i sigma (scale * u_i @ fout^T + nb): one program per (seed or individual,
-    output tile, batch tile); with shared x an antithetic pair shares u and stores both members."""
+    output tile, batch tile); with shared x an antithetic pair shares u and stores both members.
+    The rank-R product is R outer-product FMAs with fout's columns hashed once each."""
     n_tiles = tl.cdiv(out_f, BN)
     v = tl.program_id(0) // n_tiles
     t = tl.program_id(0) % n_tiles
@@ -78,10 +82,12 @@ def _output_factor_kernel(u_ptr, base_ptr, out_ptr, seeds_ptr, batch, out_f, str
     offs_n = t * BN + tl.arange(0, BN)
     mask_m, mask_n = offs_m < batch, offs_n < out_f
     mask = mask_m[:, None] & mask_n[None, :]
-    u = tl.load(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + tl.arange(0, RP)[None, :],
-                mask=mask_m[:, None], other=0.0)
-    fout = _factor_tile(key, fout_offset, offs_n, mask_n, R, RP)  # (BN, RP)
-    term = scale * tl.dot(u, tl.trans(fout), input_precision="ieee")
+    u_rows = u_ptr + (v.to(tl.int64) * batch + offs_m) * RP
+    term = tl.zeros((BM, BN), dtype=tl.float32)
+    for q in tl.static_range(R):
+        uq = tl.load(u_rows + q, mask=mask_m, other=0.0)
+        term += uq[:, None] * _factor_column(key, fout_offset, offs_n, q, R)[None, :]
+    term = scale * term
     if HAS_BIAS:
         term += noise_from_counter(key + counter_offset(b_offset + offs_n.to(tl.int64)))[None, :]
     if SHARED:
@@ -135,8 +141,7 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
         return out
     seeds = seeds.to(torch.int64).contiguous()
     fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
-    rp = max(16, next_power_of_2(rank))
-    precision = noise_dot_precision(x.device) if x.dtype == torch.float32 else "ieee"
+    rp = next_power_of_2(rank)
     # x @ W^T + b, the inference GEMM: once for shared x, over all P * batch rows otherwise.
     if shared:
         base, stride_bp, stride_bb = _cublas_base(x, weight, bias, transposed=transposed), 0, out_f
@@ -153,12 +158,12 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
         base, stride_bp, stride_bb = out, out.stride(0), out.stride(1)
     units = seeds.numel() if shared else pop
     u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
-    bm = min(64, max(16, next_power_of_2(batch)))
     x3 = x[None] if shared else x
-    _input_factor_kernel[(units, cdiv(batch, bm))](
+    bm_in = min(16, next_power_of_2(batch))
+    _input_factor_kernel[(units, cdiv(batch, bm_in))](
         x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
-        SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm, BK=64, PRECISION=precision, num_warps=4)
-    bn = 64
+        SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=128, num_warps=4)
+    bm, bn = min(32, next_power_of_2(batch)), 128
     _output_factor_kernel[(units * cdiv(out_f, bn), cdiv(batch, bm))](
         u, base, out, seeds, batch, out_f, stride_bp, stride_bb, out.stride(0), out.stride(1), float(sigma),
         math.sqrt(12.0 / rank), fout_off, offset + rows * cols,
@@ -186,13 +191,19 @@ def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offse
     coef = f.view(-1, 2)[:, 0] - f.view(-1, 2)[:, 1] if antithetic else f
     coef = (coef * (math.sqrt(12.0 / rank) / (pop_size * sigma))).to(torch.float32).contiguous()
     seeds = seeds.to(torch.int64).contiguous()
+    # Every chunk's GEMM reads and writes the float32 result once more, so chunks as large as the result
+    # itself (at least SCRATCH_BYTES): at P=4096 4096x11008 r=4, 64 MiB chunks (8 of them) ran at 45% of
+    # the rate of the GEMM of the same product (benchmarks/RESULTS.md, low-rank).
     per_seed = (rows + cols) * rank * 4
-    chunk = max(1, SCRATCH_BYTES // per_seed)
+    chunk = max(1, max(SCRATCH_BYTES, grad.numel() * 4) // per_seed)
     for u0 in range(0, seeds.numel(), chunk):  # a fixed order of chunks: deterministic sums
         units = min(chunk, seeds.numel() - u0)
         a = _factor_columns(seeds, coef, u0, units, rows, rank, offset, device)
         b = _factor_columns(seeds, None, u0, units, cols, rank, offset + rows * rank, device)
-        grad.addmm_(a, b.t())
+        if u0 == 0:
+            torch.mm(a, b.t(), out=grad)
+        else:
+            grad.addmm_(a, b.t())
     return grad
 
 
