@@ -32,6 +32,7 @@ class PopulationContext:
         self._names = names
         self._ranks = ranks or {}  # id(param) -> rank, low-rank blocks only
         self.token: Tensor | None = None  # set inside the batched call
+        self.level: int | None = None  # the population's vmap level (of token)
         self.adapter_depth = 0  # inside a layer adapter's forward
         self.rule_depth = 0  # inside a batched rule (per-individual semantics suspended)
         self._materialized: dict[tuple[int, int], Tensor] = {}

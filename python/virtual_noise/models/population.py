@@ -186,6 +186,7 @@ class VirtualPopulation:
 
         def vmapped(token, small, *tensors):
             ctx.token = token
+            ctx.level = _vmap_level(token)
 
             def model_call(*a, **kw):
                 return functional_call(self.module, small, a, kw, tie_weights=True, strict=False)
@@ -277,6 +278,15 @@ def _noise_ranks(blocks, patches, noise, rank, overrides) -> dict[str, int]:
             continue  # the rank does not fit: full-rank noise
         ranks[b.name] = want
     return ranks
+
+
+def _vmap_level(token) -> int | None:
+    try:
+        from torch._C._functorch import maybe_get_level
+    except ImportError:  # pragma: no cover - depends on the installed torch
+        return None
+    level = maybe_get_level(token)
+    return level if level >= 0 else None
 
 
 def _is_per_individual(per_individual, key) -> bool:
