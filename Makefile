@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)" numpy "scikit-build-core>=0.10" "pybind11>=2.12" ninja pytest \
-		scikit-learn tqdm matplotlib gymnasium "triton>=3.6" transformers
+		scikit-learn tqdm matplotlib gymnasium "triton>=3.6" transformers hypothesis
 	touch $@
 
 venv: $(STAMP)

@@ -46,7 +46,7 @@ def noise_ref(seeds, n: int, offset: int = 0, antithetic: bool = False) -> torch
     base = torch.from_numpy(noise_np(seeds, n, offset)) if seeds else torch.zeros(0, n, dtype=torch.float64)
     if not antithetic:
         return base
-    return torch.stack([base, -base], dim=1).reshape(-1, n)
+    return torch.stack([base, -base], dim=1).reshape(2 * base.shape[0], n)
 
 
 def perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic=False):
@@ -83,7 +83,7 @@ def perturbed_linear_transposed_ref(x, weight, bias, seeds, sigma, offset, antit
 def perturbed_embedding_ref(indices, weight, seeds, sigma, offset, antithetic=False):
     num, dim = weight.shape
     noise = noise_ref(seeds, num * dim, offset, antithetic)
-    table = weight.double()[None] + sigma * noise.view(-1, num, dim)
+    table = weight.double()[None] + sigma * noise.view(noise.shape[0], num, dim)
     idx = indices.long()
     return torch.stack([table[i][idx if idx.dim() == 1 else idx[i]] for i in range(table.shape[0])])
 

@@ -89,3 +89,25 @@ def test_cli_under_torchrun(tmp_path):
     assert "2 ranks (gloo)" in proc.stdout
     assert "communication per generation and rank:" in proc.stdout
     assert proc.stdout.count("done:") == 1  # only rank 0 reports
+
+
+def test_cli_resume_under_torchrun(tmp_path):
+    """Two ranks: rank 0 writes the checkpoints, both resume from the same file, and the result equals an
+    uninterrupted two-rank run's."""
+    def torchrun(out, *args):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(free_port()), "-m", "virtual_noise", "train", "--population", "64", "--eval-every", "2",
+               "--no-progress", "--checkpoint-every", "2", "--out", str(out), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    assert torchrun(straight, "--generations", "6").returncode == 0
+    first = torchrun(resumed, "--generations", "4")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert sorted(p.name for p in resumed.glob("checkpoint-*.pt")) == ["checkpoint-00000002.pt",
+                                                                        "checkpoint-00000004.pt"]
+    second = torchrun(resumed, "--generations", "6", "--resume")
+    assert second.returncode == 0, second.stderr[-2000:]
+    a, b = torch.load(straight / "model.pt"), torch.load(resumed / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

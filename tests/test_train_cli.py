@@ -20,7 +20,7 @@ def train(tmp_path, *args):
 def test_digits_short_run_beats_threshold(tmp_path):
     out, summary = train(tmp_path, "--generations", "60", "--eval-every", "20")
     assert summary["test_acc"] >= 0.85, summary
-    for name in ["checkpoint.pt", "model.pt", "metrics.csv", "learning_curve.png", "summary.json"]:
+    for name in ["checkpoint-00000060.pt", "model.pt", "metrics.csv", "learning_curve.png", "summary.json"]:
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert len(rows) == 60 and rows[-1]["generation"] == "60"

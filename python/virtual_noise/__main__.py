@@ -12,10 +12,17 @@ import json
 import sys
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Bad options: one line on stderr (no usage block, no traceback), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="virtual-noise", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineErrors(prog="virtual-noise", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     from .train.cli import add_arguments, run
 
     train_parser = sub.add_parser("train", help="train a network with ES (the main job)")

@@ -12,6 +12,7 @@ from ..models.layout import Evolve
 from ..ops import virtual_bias_gradient, virtual_lowrank_weight_gradient
 from .distributed import Shard
 from .population import VirtualPopulation
+from .checkpoint import load_checked, save_atomic, wrap
 from .shaping import shape_fitness
 
 #: Variance of the noise (uniform on [-0.5, 0.5)); estimates divide by it so
@@ -41,6 +42,8 @@ class ES:
         noise, rank, noise_overrides: "full" (default) or "lowrank" noise of rank ``rank``
             for the weights of linear layers, with per-parameter overrides
             (``VirtualPopulation``; docs/lowrank.md).
+        nonfinite_fitness: "error" (default: a NaN or inf fitness raises) or "worst": such
+            individuals rank below every other (their count is in tell()'s statistics).
         population_size: P individuals per generation (even with antithetic).
         sigma: noise scale (the perturbation is sigma * U[-0.5, 0.5)).
         lr: learning rate of the default Adam optimizer.
@@ -79,6 +82,7 @@ class ES:
         noise: str = "full",
         rank: int | None = None,
         noise_overrides: dict | None = None,
+        nonfinite_fitness: str = "error",
     ):
         if not isinstance(population_size, int) or population_size < 1:
             raise ValueError(f"ES: population_size must be a positive int; got {population_size!r}")
@@ -89,6 +93,9 @@ class ES:
         if not (math.isfinite(weight_decay) and weight_decay >= 0):
             raise ValueError(f"ES: weight_decay must be finite and >= 0; got {weight_decay!r}")
         shape_fitness(torch.zeros(2), fitness_shaping)  # validates the name
+        if nonfinite_fitness not in ("error", "worst"):
+            raise ValueError(f"ES: nonfinite_fitness must be 'error' or 'worst'; got {nonfinite_fitness!r}")
+        self.nonfinite_fitness = nonfinite_fitness
         if gradient_mode not in ("all_reduce", "recompute"):
             raise ValueError(f"ES: gradient_mode must be 'all_reduce' or 'recompute'; got {gradient_mode!r}")
         self.module = module
@@ -104,6 +111,7 @@ class ES:
         params = [b.param for b in self.population.blocks]
         self.optimizer = optimizer(params) if optimizer is not None else torch.optim.Adam(params, lr=lr)
         self.generator = torch.Generator().manual_seed(seed)
+        self.last_nonfinite = 0
         self.generation = 0
         self.seeds: Tensor | None = None  # this rank's seeds for the current generation
         self.all_seeds: Tensor | None = None
@@ -175,8 +183,17 @@ class ES:
                      f"{self.local_population_size} (rank {self.rank}'s part of population_size = {self.population_size})")
             raise ValueError(f"ES: fitness must have {which} entries; got {fitness.numel()}")
         full = fitness if self.shard is None else self.shard.gather_fitness(fitness)
-        if not torch.isfinite(full).all():
-            raise ValueError("ES: fitness holds NaN or inf")
+        bad = ~torch.isfinite(full)
+        self.last_nonfinite = int(bad.sum())
+        if self.last_nonfinite:
+            if self.nonfinite_fitness == "error":
+                raise ValueError(f"ES: fitness holds {self.last_nonfinite} NaN or inf values (of {full.numel()}); "
+                                 f"pass nonfinite_fitness='worst' (CLI: --nonfinite-fitness worst) to rank them last")
+            finite = full[~bad]
+            # Ranks put -inf last; the other shapings use the values, so there the worst finite value.
+            worst = float("-inf") if self.fitness_shaping == "centered_ranks" else \
+                (finite.min().item() if finite.numel() else 0.0)
+            full = torch.where(bad, torch.full_like(full, worst), full)
         return full
 
     @torch.no_grad()
@@ -228,7 +245,10 @@ class ES:
         self.generation += 1
         self.seeds = None
         f = fitness.double()
-        return {"mean": f.mean().item(), "max": f.max().item(), "min": f.min().item()}
+        f = f[torch.isfinite(f)] if self.last_nonfinite else f
+        if f.numel() == 0:
+            f = torch.full((1,), float("nan"), dtype=torch.float64)
+        return {"mean": f.mean().item(), "max": f.max().item(), "min": f.min().item(), "nonfinite": self.last_nonfinite}
 
     def state_dict(self) -> dict:
         return {
@@ -244,9 +264,11 @@ class ES:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        mine = self.state_dict()["config"]
-        if state["config"] != mine:
-            raise ValueError(f"ES.load_state_dict: checkpoint config {state['config']} differs from {mine}")
+        mine, theirs = self.state_dict()["config"], state["config"]
+        differ = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        if differ:
+            what = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this ES {mine.get(k)!r}" for k in differ)
+            raise ValueError(f"ES.load_state_dict: the checkpoint's config differs ({what})")
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
@@ -254,17 +276,20 @@ class ES:
         self.seeds = None
 
     def save(self, path, **extra) -> None:
-        """Checkpoint ES state (center, optimizer, seed generator) plus ``extra`` objects.
+        """Checkpoint ES state (center, optimizer, seed generator) plus ``extra`` objects, atomically:
+        a crash during the write leaves the previous file at ``path`` intact (es/checkpoint.py).
 
         With several ranks (identical by construction) rank 0 writes and all wait for it.
         """
         if self.rank == 0:
-            torch.save({"es": self.state_dict(), "extra": extra}, path)
+            save_atomic(wrap(self.state_dict(), extra), path)
         if self.shard is not None:
             self.shard.barrier()
 
     def load(self, path) -> dict:
-        """Resume from ``save``; returns the ``extra`` objects saved with it."""
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # generator state is CPU
+        """Resume from ``save``; returns the ``extra`` objects saved with it. A missing, truncated or foreign
+        file raises CheckpointError naming it; a checkpoint of another configuration, ValueError naming
+        the options that differ."""
+        ckpt = load_checked(path)
         self.load_state_dict(ckpt["es"])
         return ckpt["extra"]

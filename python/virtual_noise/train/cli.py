@@ -32,7 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/<task>)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --out, exactly as if the run had not stopped")
+    p.add_argument("--checkpoint-every", type=int, default=50,
+                   help="write a checkpoint every N generations (default 50; also every --checkpoint-minutes)")
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0, help="and every M minutes (default 10)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (default 2)")
+    p.add_argument("--nonfinite-fitness", default="error", choices=["error", "worst"],
+                   help="a NaN or inf fitness stops the run (error, default) or ranks last (worst)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dist-timeout", type=float, default=120.0,
                    help="seconds a collective may wait under torchrun before the run fails (default 120)")
@@ -82,6 +89,12 @@ def resolve(args: argparse.Namespace, error) -> dict:
     rank = (4 if args.rank is None else args.rank) if args.noise == "lowrank" else None
     if rank is not None and rank < 1:
         error(f"--rank must be >= 1; got {rank}")
+    if args.checkpoint_every < 1:
+        error(f"--checkpoint-every must be >= 1; got {args.checkpoint_every}")
+    if not args.checkpoint_minutes > 0:
+        error(f"--checkpoint-minutes must be > 0; got {args.checkpoint_minutes}")
+    if args.keep_checkpoints < 1:
+        error(f"--keep-checkpoints must be >= 1; got {args.keep_checkpoints}")
     if not args.dist_timeout > 0:
         error(f"--dist-timeout must be > 0; got {args.dist_timeout}")
     cfg.update(task=args.task, model=args.model, antithetic=antithetic, device=device, noise=args.noise, rank=rank,
@@ -89,9 +102,22 @@ def resolve(args: argparse.Namespace, error) -> dict:
     return cfg
 
 
+def resume_command() -> str:
+    """The command line of this run with --resume: what the user types to continue it."""
+    import shlex
+    import sys
+
+    argv = [a for a in sys.argv[1:] if a != "--resume"]
+    if argv and argv[0] != "train":
+        argv = ["train", *argv]
+    return "python -m virtual_noise " + " ".join(shlex.quote(a) for a in argv) + " --resume"
+
+
 def run(args: argparse.Namespace, error) -> int:
+    import sys
+
     from ..es import ES
-    from .loop import train
+    from .loop import RunError, RunInterrupted, train
 
     import os
 
@@ -110,23 +136,42 @@ def run(args: argparse.Namespace, error) -> int:
         error(str(e))
     es = ES(module, population_size=cfg["population"], sigma=cfg["sigma"], lr=cfg["lr"],
             antithetic=cfg["antithetic"], fitness_shaping=args.shaping, weight_decay=args.weight_decay, seed=args.seed,
-            noise=cfg["noise"], rank=cfg["rank"])
+            noise=cfg["noise"], rank=cfg["rank"], nonfinite_fitness=args.nonfinite_fitness)
     say = print if es.rank == 0 else (lambda *a, **k: None)
     say(f"virtual_noise ES | task {task.name} | model {cfg['model']} | {es.population.n_params} parameters | population "
         f"{es.population_size}{' (antithetic)' if es.antithetic else ''} | "
         f"{'low-rank noise, rank ' + str(cfg['rank']) if cfg['noise'] == 'lowrank' else 'full-rank noise'} | "
         f"sigma {es.sigma} | lr {cfg['lr']} | "
         f"device {cfg['device']}" + (f" | {es.world_size} ranks ({torch.distributed.get_backend()})" if distributed else ""))
-    summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
-                    time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume,
-                    lr_schedule=cfg["lr_schedule"])
+    options = {"task": cfg["task"], "model": cfg["model"], "hidden": cfg["hidden"], "population": cfg["population"],
+               "sigma": cfg["sigma"], "lr": cfg["lr"], "antithetic": cfg["antithetic"], "shaping": args.shaping,
+               "weight_decay": args.weight_decay, "noise": cfg["noise"], "rank": cfg["rank"], "seed": args.seed,
+               "batch": cfg["batch"], "lr_schedule": cfg["lr_schedule"], "nonfinite_fitness": args.nonfinite_fitness}
+    try:
+        summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
+                        time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume,
+                        lr_schedule=cfg["lr_schedule"], options=options, checkpoint_every=args.checkpoint_every,
+                        checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
+                        resume_command=resume_command())
+    except RunError as e:
+        if es.rank == 0:
+            print(f"virtual-noise train: error: {e}", file=sys.stderr)
+        if distributed:
+            leave_and_exit(es.shard, 2)
+        return 2
+    except RunInterrupted as e:
+        if es.rank == 0:
+            print(f"virtual-noise train: {e}", file=sys.stderr)
+        if distributed:
+            leave_and_exit(es.shard, e.status)
+        return e.status
     if distributed:
         say(f"communication per generation and rank: {summary['comm_bytes_per_generation_per_rank']:,} bytes "
             f"(fitness all-gather + gradient all-reduce payload; O(P + n_params))")
     say(f"done: {summary['generations']} generations in {summary['seconds']:.1f} s | "
           f"{task.metric_name} {summary[task.metric_name]:.4f} (target {task.target}, "
           f"{'reached' if summary['reached_target'] else 'NOT reached'}) | stopped: {summary['stopped']}")
-    say(f"wrote {cfg['out']}/checkpoint.pt, model.pt, metrics.csv, learning_curve.png, summary.json")
+    say(f"wrote {summary['checkpoint']}, {cfg['out']}/model.pt, metrics.csv, learning_curve.png, summary.json")
     say(json.dumps(summary))
     if distributed:
         leave_and_exit(es.shard, 0)  # does not return (see its docstring: gloo's exit-time abort)
