@@ -3,49 +3,22 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class GPTDecoder(nn.Module):
-    """Token and position embeddings, causal attention with nn.Linear projections, LayerNorm,
-    GELU MLP, and a head tied to the token embedding."""
-
-    def __init__(self, vocab=40, width=32, heads=4, layers=2, context=16):
-        super().__init__()
-        self.heads = heads
-        self.tok = nn.Embedding(vocab, width)
-        self.pos = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, ids):
-        h = self.tok(ids) + self.pos(torch.arange(ids.shape[-1], device=ids.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+def GPTDecoder(vocab=40, width=32, heads=4, layers=2, context=16):
+    """benchmarks/gpt_decoder.py's decoder (token and position embeddings, causal attention with nn.Linear
+    projections, LayerNorm, GELU MLP, a head tied to the token embedding), small."""
+    from gpt_decoder import GPTDecoder as Decoder
 
-    def forward(self, h):
-        B, T, C = h.shape
-        q, k, v = self.qkv(self.ln1(h)).split(C, dim=-1)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-        h = h + self.proj(a)
-        return h + self.mlp(self.ln2(h))
+    return Decoder(layers=layers, width=width, heads=heads, vocab=vocab, context=context)
 
 
 class CNNPolicy(nn.Module):

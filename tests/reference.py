@@ -49,35 +49,26 @@ def noise_ref(seeds, n: int, offset: int = 0, antithetic: bool = False) -> torch
     return torch.stack([base, -base], dim=1).reshape(2 * base.shape[0], n)
 
 
-def perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic=False):
-    out_f, in_f = weight.shape
-    n = out_f * in_f + (out_f if bias is not None else 0)
+def perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic=False, transposed=False):
+    """float64 x @ (W + sigma N_i)^T + (b + sigma nb_i); with transposed, W is stored (in, out), its noise
+    in the stored layout, and the product is x @ (W + sigma N_i)."""
+    rows, cols = weight.shape
+    out_f = cols if transposed else rows
+    n = rows * cols + (out_f if bias is not None else 0)
     noise = noise_ref(seeds, n, offset, antithetic)
     pop = noise.shape[0]
-    w = weight.double()[None] + sigma * noise[:, : out_f * in_f].reshape(pop, out_f, in_f)
+    w = weight.double()[None] + sigma * noise[:, : rows * cols].reshape(pop, rows, cols)
     xs = x.double()
     if xs.dim() == 2:
         xs = xs.expand(pop, *xs.shape)
-    y = torch.bmm(xs, w.transpose(1, 2))
+    y = torch.bmm(xs, w if transposed else w.transpose(1, 2))
     if bias is not None:
-        y = y + (bias.double()[None] + sigma * noise[:, out_f * in_f :])[:, None, :]
+        y = y + (bias.double()[None] + sigma * noise[:, rows * cols :])[:, None, :]
     return y
 
 
 def perturbed_linear_transposed_ref(x, weight, bias, seeds, sigma, offset, antithetic=False):
-    """weight stored (in, out); its noise in the stored layout."""
-    in_f, out_f = weight.shape
-    n = out_f * in_f + (out_f if bias is not None else 0)
-    noise = noise_ref(seeds, n, offset, antithetic)
-    pop = noise.shape[0]
-    w = weight.double()[None] + sigma * noise[:, : out_f * in_f].reshape(pop, in_f, out_f)
-    xs = x.double()
-    if xs.dim() == 2:
-        xs = xs.expand(pop, *xs.shape)
-    y = torch.bmm(xs, w)
-    if bias is not None:
-        y = y + (bias.double()[None] + sigma * noise[:, out_f * in_f :])[:, None, :]
-    return y
+    return perturbed_linear_ref(x, weight, bias, seeds, sigma, offset, antithetic, transposed=True)
 
 
 def perturbed_embedding_ref(indices, weight, seeds, sigma, offset, antithetic=False):

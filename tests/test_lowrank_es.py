@@ -35,7 +35,7 @@ def test_lowrank_population_matches_functional_call(antithetic):
     pop = VirtualPopulation(model, noise="lowrank", rank=2, noise_overrides={"blocks.0.proj.weight": "full",
                                                                             "blocks.1.qkv.weight": 5})
     # Linear weights take low rank; embeddings (the tied head's weight included) and norms stay full.
-    assert pop.ranks["blocks.1.mlp.0.weight"] == 2 and pop.ranks["blocks.1.qkv.weight"] == 5
+    assert pop.ranks["blocks.1.fc.weight"] == 2 and pop.ranks["blocks.1.qkv.weight"] == 5
     assert "blocks.0.proj.weight" not in pop.ranks and "tok.weight" not in pop.ranks
     ids, seeds = torch.randint(0, 40, (2, 9)), torch.tensor([3, -3])
     out = pop(ids, seeds=seeds, sigma=0.05, antithetic=antithetic)
