@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-at", type=int, default=-1)
     ap.add_argument("--timeout", type=float, default=30)
+    ap.add_argument("--noise", default="full")
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -41,7 +42,8 @@ def main():
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.LayerNorm(16), nn.Linear(16, 3))
-    es = ES(model, population_size=30, sigma=0.1, lr=0.05, seed=1, gradient_mode=args.mode)
+    es = ES(model, population_size=30, sigma=0.1, lr=0.05, seed=1, gradient_mode=args.mode, noise=args.noise,
+            rank=2 if args.noise == "lowrank" else None)
     g = torch.Generator().manual_seed(2)
     x, target = torch.randn(32, 6, generator=g), torch.randn(32, 3, generator=g)
     if args.resume:

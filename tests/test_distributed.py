@@ -48,6 +48,17 @@ def test_sharded_run_matches_single_process(world, tmp_path):
     assert multi["comm_bytes"] == world * pairs_per_rank * 2 * 8 + multi["n_params"] * 4
 
 
+def test_lowrank_noise_sharded_matches_single_process(tmp_path):
+    (single_result,), single = launch(1, tmp_path, "--noise", "lowrank")
+    assert single_result[0] == 0, single_result[2][-2000:]
+    results, multi = launch(2, tmp_path, "--noise", "lowrank")
+    assert all(rc == 0 for rc, _, _ in results), [e[-2000:] for _, _, e in results]
+    assert all(multi["identical"])
+    torch.testing.assert_close(multi["center"], single["center"], rtol=1e-5, atol=1e-6)
+    (full_result,), full = launch(1, tmp_path)
+    assert not torch.allclose(full["center"], single["center"])  # another noise, another run
+
+
 def test_recompute_mode_matches_all_reduce(tmp_path):
     results, a = launch(2, tmp_path, "--mode", "all_reduce")
     results_b, b = launch(2, tmp_path, "--mode", "recompute")

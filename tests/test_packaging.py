@@ -54,6 +54,9 @@ x, w, s, f = torch.ones(2, 3), torch.ones(4, 3), torch.arange(2), torch.ones(2)
 calls = {
     "perturbed_linear": (x, w, None, s, 0.1, 0, False, False),
     "perturbed_embedding": (torch.tensor([0, 3]), w, s, 0.1, 0, False),
+    "lowrank_perturbed_linear": (x, w, None, s, 0.1, 0, 1, False, False),
+    "lowrank_weight_gradient": (f, s, [4, 3], 0.1, 2, 0, 1, False),
+    "generate_lowrank_noise": (s, [4, 3], 1, 0),
     "weight_gradient": (f, s, [4, 3], 0.1, 2, 0, False),
     "bias_gradient": (f, s, [4], 0.1, 2, 0, False),
     "reduce_metric": (w, s, 0.1, 12, 0, False),
