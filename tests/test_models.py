@@ -70,6 +70,27 @@ def test_population_matches_functional_call(name, antithetic, per_individual, de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["cnn", "resblock"])
+@pytest.mark.parametrize("per_individual", [False, True])
+def test_large_convolutions_take_the_unfold_path(name, per_individual, device, gen, monkeypatch):
+    """Convolutions whose population weights exceed MATERIALIZE_BYTES never store them: unfold + the fused
+    linear, one call per group (forced here on small models)."""
+    from virtual_noise.models.adapters import conv
+
+    monkeypatch.setattr(conv, "MATERIALIZE_BYTES", 0)
+    called = []
+    monkeypatch.setattr(conv, "_grouped", lambda *a: called.append(1))
+    model, args, kwargs = build(name, gen, device=device)
+    seeds = torch.tensor([5, -6])
+    if per_individual:
+        args = tuple(a.to(device) for a in per_individual_inputs(tuple(a.cpu() for a in args), 4, gen))
+    out = VirtualPopulation(model)(*args, seeds=seeds, sigma=0.05, per_individual=per_individual, **kwargs)
+    refs = population_reference(model, args, kwargs, seeds, 0.05, True, per_individual)
+    assert_population_close(out, refs, *tolerance(torch.float32, device))
+    assert not called
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["gpt", "cnn", "attention", "rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_population_16bit(name, dtype, device, gen):

@@ -1,14 +1,17 @@
-"""nn.Conv1d / nn.Conv2d through the fused perturbed linear on unfolded patches.
+"""nn.Conv1d / nn.Conv2d: one convolution over materialized weights when the population's weights are
+small, else the fused perturbed linear on unfolded patches.
 
 A convolution is a linear layer applied to every input patch: with the weight
 (out, C/groups, *kernel) flattened to (out, C/groups * K), row-major, its noise
 layout is exactly the fused linear's, and ``F.unfold`` orders each patch's
 columns (channel, kernel row, kernel column) as that flattening does. Groups
 take contiguous row blocks of the weight and column blocks of the patches, so
-each group is one fused call at its own offset. Measured against a fused conv
-kernel's alternative (materialized weights through a grouped conv), see
-docs/models.md; stride, padding (ints, 'same', 'valid', every padding_mode),
-dilation and groups are supported.
+each group is one fused call at its own offset. That path never stores a
+perturbed weight, but its im2col is slow; while the population's perturbed
+weights of a layer take at most MATERIALIZE_BYTES, one (grouped) convolution
+over them is several times faster (docs/models.md, "Convolutions"). Stride,
+padding (ints, 'same', 'valid', every padding_mode), dilation and groups are
+supported on both paths.
 """
 
 import torch
@@ -34,6 +37,14 @@ def _explicit_padding(m, nd: int):
     return None, tuple(m.padding), "constant"
 
 
+#: Convolutions whose perturbed weights for the whole population take at most this many bytes run as
+#: one convolution over per-individual weights (the weights are small next to the activations): on the
+#: 2-core CPU a CNN policy's population forward (P=256, 8 frames of 3x18x18) took 25.9 ms through unfold +
+#: the fused linear, most of it im2col, and 5.6-6.4 ms this way (docs/models.md, "Convolutions").
+#: Larger ones take the unfold path, which never stores a (P, weight) tensor.
+MATERIALIZE_BYTES = 64 << 20
+
+
 class ConvAdapter:
     name = "nn.Conv1d, nn.Conv2d"
     claims = ("weight", "bias")
@@ -51,6 +62,8 @@ class ConvAdapter:
         og, cgk = out_c // groups, w2.shape[1]
         fuse = groups == 1 and w_off is not None and b_off is not None and b_off == w_off + m.weight.numel()
         pads, padding, mode = _explicit_padding(m, nd)
+        if w_off is not None and ctx.size * m.weight.numel() * m.weight.element_size() <= MATERIALIZE_BYTES:
+            return population_call(ctx, lambda batched, xb: _grouped(m, ctx, nd, w_off, b_off, batched[0], xb), input)
 
         def rule(batched, xb):
             P = ctx.size
@@ -91,3 +104,35 @@ class ConvAdapter:
 
         return population_call(ctx, rule, input)
 
+
+
+def _grouped(m, ctx, nd, w_off, b_off, batched, xb):
+    """Every individual's convolution as one convolution over materialized perturbed weights. Shared x:
+    one convolution with P times the output channels (ordered group, individual, channel so that each
+    of the layer's groups sees its own input channels). Per-individual x: one grouped convolution, input
+    channels of individual i at [i*C, (i+1)*C) and its weights as groups [i*groups, (i+1)*groups)."""
+    P, G, out = ctx.size, m.groups, m.out_channels
+    no_batch_dim = xb.dim() - batched == nd + 1
+    x = xb.unsqueeze(int(batched)) if no_batch_dim else xb  # (P, N, C, *s) or (N, C, *s)
+    w = ctx.perturbed(m.weight, w_off)  # (P, out, C/groups, *kernel)
+    b = None
+    if m.bias is not None:
+        b = ctx.perturbed(m.bias, b_off) if b_off is not None else m.bias.expand(P, -1)  # (P, out)
+    conv = F.conv1d if nd == 1 else F.conv2d
+    if batched:
+        x = x.movedim(0, 1).flatten(1, 2)  # (N, P*C, *s)
+        groups = G * P
+    else:  # (G, P, out/G) channel order
+        w = w.unflatten(1, (G, out // G)).movedim(1, 0)
+        b = None if b is None else b.unflatten(1, (G, out // G)).movedim(1, 0)
+        groups = G
+    w, b = w.flatten(0, -nd - 2), None if b is None else b.reshape(-1)
+    padding = m.padding
+    if m.padding_mode != "zeros":
+        x, padding = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode), 0
+    y = conv(x, w, b, m.stride, padding, m.dilation, groups)  # (N, P*out, *s')
+    if batched:
+        y = y.unflatten(1, (P, out)).movedim(1, 0)  # (P, N, out, *s')
+    else:
+        y = y.unflatten(1, (G, P, out // G)).movedim(2, 0).flatten(2, 3)  # (P, N, out, *s')
+    return y.squeeze(1) if no_batch_dim else y
