@@ -84,7 +84,6 @@ def main():
                     rows.append([dname, f"{i}->{o}", P, t, f"{inf_ms:.3f}", f"{ours_ms:.3f}", f"{ideal:.3f}",
                                  f"{rec['ideal_frac']:.2f}", f"{rec['inference_frac']:.2f}"])
                     print(" | ".join(map(str, rows[-1])), flush=True)
-                    del x
     head = (f"{machine_line()}\nGPU: {torch.cuda.get_device_name()} | splitmix64 roof {roof:.0f} G el/s"
             + (" | antithetic" if args.antithetic else ""))
     table = markdown_table(["dtype", "layer", "P", "T", "inference ms", "ours ms", "t_ideal ms", "t_ideal / t",

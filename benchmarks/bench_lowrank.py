@@ -103,7 +103,6 @@ def forward_rows(device, dtype, layers, ranks, ts, rows_total):
                              f"{fact:.3f}", f"{rec['of_inference']:.2f}",
                              f"{rec['vs_baseline']:.1f}x" if base else "-", f"{rec['vs_factored']:.2f}x"])
                 print(" | ".join(map(str, rows[-1])), flush=True)
-            del x
     return rows, records
 
 

@@ -40,7 +40,7 @@ def test_es_finetune_lm_tiny(tmp_path):
 def test_es_finetune_lm_model_path(tmp_path):
     """The real loading path: a local Hugging Face checkpoint directory with its tokenizer."""
     transformers = pytest.importorskip("transformers")
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["hello", "world", "yes", "no", "the", "sun", "rain", "<pad>", "<eos>"]
