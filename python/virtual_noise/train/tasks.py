@@ -30,7 +30,7 @@ class DigitsTask:
         "mlp": {},
         "cnn": dict(population=256, sigma=0.3, lr=0.05, generations=200, hidden=[8, 16], batch=128,
                     lr_schedule="cosine"),
-        "vit": dict(population=512, sigma=0.3, lr=0.05, generations=800, hidden=[32], batch=64,
+        "vit": dict(population=512, sigma=0.3, lr=0.05, generations=1100, hidden=[32], batch=64,
                     lr_schedule="cosine"),
     }
 
