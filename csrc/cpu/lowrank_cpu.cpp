@@ -30,19 +30,6 @@ void fill_factors(uint64_t key, uint64_t offset, int64_t in, int64_t out, int64_
   fill_noise(key, offset + static_cast<uint64_t>(rows * r), 1, (transposed ? out : in) * r, b);
 }
 
-// W^T in tiles of kTileCols outputs, zero-padded: dst[t][k * kTileCols + j] = W[t*kTileCols + j, k].
-std::vector<float> weight_tiles(const float* w, int64_t in, int64_t out) {
-  const int64_t n_tiles = (out + kTileCols - 1) / kTileCols;
-  std::vector<float> wt(n_tiles * in * kTileCols, 0.f);
-  at::parallel_for(0, n_tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t k = 0; k < in; ++k)
-        for (int64_t j = 0; j < std::min(kTileCols, out - t * kTileCols); ++j)
-          wt[(t * in + k) * kTileCols + j] = w[(t * kTileCols + j) * in + k];
-  });
-  return wt;
-}
-
 }  // namespace
 
 at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
@@ -70,19 +57,7 @@ at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weigh
   const std::vector<float> wt = weight_tiles(w32.data_ptr<float>(), in, out);
 
   // x @ W^T + b: once for shared x, per individual otherwise (fixed tile order either way).
-  const int64_t base_rows = d.shared_x ? 1 : pop;
-  std::vector<float> base(base_rows * n_tiles * prod);
-  at::parallel_for(0, base_rows * n_tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / n_tiles, t = item % n_tiles;
-      float* bt = base.data() + item * prod;
-      gemm_tile(xp + i * batch * in, in, batch, in, wt.data() + t * in * kTileCols, bt);
-      if (bp != nullptr)
-        for (int64_t b = 0; b < batch; ++b)
-          for (int64_t j = 0; j < std::min(kTileCols, out - t * kTileCols); ++j)
-            bt[b * kTileCols + j] += bp[t * kTileCols + j];
-    }
-  });
+  const std::vector<float> base = linear_tiles(xp, d.shared_x ? 1 : pop, batch, in, out, wt, bp);
 
   at::parallel_for(0, n_seeds, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> fin(in * r), fout(out * r), nb(out), u(members * batch * r);

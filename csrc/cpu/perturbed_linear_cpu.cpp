@@ -24,16 +24,6 @@ struct TileGeometry {
   int64_t rows(int64_t t) const { return std::min(kTileCols, out - t * kTileCols); }
 };
 
-// W rows of tile t, transposed and zero-padded to (in, kTileCols).
-void transpose_weight_tile(const float* w, const TileGeometry& g, int64_t t, float* dst) {
-  const int64_t rows = g.rows(t);
-  for (int64_t k = 0; k < g.in; ++k) {
-    float* d = dst + k * kTileCols;
-    for (int64_t r = 0; r < rows; ++r) d[r] = w[(t * kTileCols + r) * g.in + k];
-    for (int64_t r = rows; r < kTileCols; ++r) d[r] = 0.f;
-  }
-}
-
 }  // namespace
 
 at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
@@ -65,26 +55,11 @@ at::Tensor perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
   const uint64_t row_stride = transposed ? 1 : static_cast<uint64_t>(in);
   const uint64_t col_stride = transposed ? static_cast<uint64_t>(out) : 1;
 
-  // W^T in tiles, shared by every individual.
-  std::vector<float> wt(g.n_tiles * tile_floats);
-  at::parallel_for(0, g.n_tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) transpose_weight_tile(wp, g, t, wt.data() + t * tile_floats);
-  });
-
-  // Shared x: x @ W^T + b once, then only sigma * (x @ N_i^T + nb_i) per individual.
-  std::vector<float> base;
-  if (d.shared_x) {
-    base.resize(g.n_tiles * prod_floats);
-    at::parallel_for(0, g.n_tiles, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        float* bt = base.data() + t * prod_floats;
-        gemm_tile(xp, in, batch, in, wt.data() + t * tile_floats, bt);
-        if (bp != nullptr)
-          for (int64_t b = 0; b < batch; ++b)
-            for (int64_t r = 0; r < g.rows(t); ++r) bt[b * kTileCols + r] += bp[t * kTileCols + r];
-      }
-    });
-  }
+  // W^T in tiles, shared by every individual; shared x: x @ W^T + b once, then only
+  // sigma * (x @ N_i^T + nb_i) per individual.
+  const std::vector<float> wt = weight_tiles(wp, in, out);
+  const std::vector<float> base =
+      d.shared_x ? linear_tiles(xp, 1, batch, in, out, wt, bp) : std::vector<float>();
 
   at::parallel_for(0, n_seeds * g.n_tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> noise_t(tile_floats), perturbed_t, prod(prod_floats), bias_noise(kTileCols, 0.f);
