@@ -39,12 +39,16 @@ class _PopulationCall(torch.autograd.Function):
 
         dims = in_dims[2:]
         moved = [t if d is None else t.movedim(d, 0) for t, d in zip(tensors, dims)]
-        ctx = active()
-        ctx.rule_depth += 1
-        try:
-            return fn([d is not None for d in dims], *moved), 0
-        finally:
-            ctx.rule_depth -= 1
+        return _run_rule(active(), fn, [d is not None for d in dims], moved), 0
+
+
+def _run_rule(ctx: PopulationContext, fn, batched: list[bool], tensors: list[Tensor]) -> Tensor:
+    """fn over the whole population, with the model's per-individual semantics suspended meanwhile."""
+    ctx.rule_depth += 1
+    try:
+        return fn(batched, *tensors)
+    finally:
+        ctx.rule_depth -= 1
 
 
 try:  # functorch's own primitives (torch >= 2.0): unwrap a batched tensor at one vmap level, and wrap back
@@ -76,12 +80,7 @@ def population_call(ctx: PopulationContext, fn, *tensors: Tensor) -> Tensor:
         else:
             plain.append(t)
             batched.append(False)
-    ctx.rule_depth += 1
-    try:
-        out = fn(batched, *plain)
-    finally:
-        ctx.rule_depth -= 1
-    return _add_batch_dim(out, 0, level)
+    return _add_batch_dim(_run_rule(ctx, fn, batched, plain), 0, level)
 
 
 def _bias_term(ctx: PopulationContext, bias: Tensor | None, b_off: int | None):

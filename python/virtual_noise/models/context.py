@@ -22,14 +22,13 @@ _state = threading.local()
 
 
 class PopulationContext:
-    def __init__(self, seeds: Tensor, sigma: float, antithetic: bool, offsets: dict[int, int], names: dict[int, str],
+    def __init__(self, seeds: Tensor, sigma: float, antithetic: bool, offsets: dict[int, int],
                  ranks: dict[int, int] | None = None):
         self.seeds = seeds
         self.sigma = float(sigma)
         self.antithetic = antithetic
         self.size = seeds.numel() * (2 if antithetic else 1)
         self._offsets = offsets  # id(param) -> offset, evolved parameters only
-        self._names = names
         self._ranks = ranks or {}  # id(param) -> rank, low-rank blocks only
         self.token: Tensor | None = None  # set inside the batched call
         self.level: int | None = None  # the population's vmap level (of token)
@@ -44,9 +43,6 @@ class PopulationContext:
     def rank(self, param: Tensor | None) -> int:
         """The noise rank of an evolved weight: 0 for full-rank noise."""
         return 0 if param is None else self._ranks.get(id(param), 0)
-
-    def name(self, param: Tensor) -> str:
-        return self._names.get(id(param), "<parameter>")
 
     def noise(self, numel: int, offset: int, device) -> Tensor:
         """float32 (P, numel): every individual's noise (mirrored pairs with antithetic)."""

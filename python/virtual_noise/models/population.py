@@ -171,7 +171,7 @@ class VirtualPopulation:
         model as one individual. ``per_individual``: a bool, or one per leaf (whether it has a leading P).
         Returns body's tensors with the population in front."""
         seeds = _as_seeds(seeds, self.device)
-        ctx = PopulationContext(seeds, sigma, antithetic, self._offset_of, self._names, self._rank_of)
+        ctx = PopulationContext(seeds, sigma, antithetic, self._offset_of, self._rank_of)
         P = ctx.size
         if isinstance(per_individual, bool):
             per_individual = [per_individual] * len(leaves)
