@@ -24,7 +24,7 @@ from torch.func import functional_call, vmap
 from .adapters import adapter_for, supported_layers
 from .context import PopulationContext, PopulationMode, activate, in_adapter
 from .layout import Block, Evolve, evolved_blocks
-from .structure import flatten, unflatten
+from .structure import flatten, flatten_call, unflatten
 
 #: Default limit on the elements of one parameter that takes materialized per-individual noise.
 #: At P = 256 a parameter at the limit costs 1 GiB in float32 while a call runs.
@@ -138,16 +138,9 @@ class VirtualPopulation:
             out_spec.append(flatten(model_call(*a, **kw), out_leaves, drop_tensor_holders=True))
             return tuple(out_leaves)
 
-        leaves, out_spec, batched = [], [], []
-        arg_specs = []
-        for key, value in [*enumerate(args), *kwargs.items()]:
-            before = len(leaves)
-            arg_specs.append((key, flatten(value, leaves)))
-            batched += [_is_per_individual(per_individual, key)] * (len(leaves) - before)
-        n_args = len(args)
-        in_spec = ("tuple", tuple, [s for _, s in arg_specs[:n_args]]), \
-            ("dict", dict, [k for k, _ in arg_specs[n_args:]], [s for _, s in arg_specs[n_args:]])
-        in_spec = ("tuple", tuple, list(in_spec))
+        leaves, out_spec = [], []
+        in_spec, keys = flatten_call(args, kwargs, leaves)
+        batched = [_is_per_individual(per_individual, key) for key in keys]
         outs = self.run_batched(body, leaves, seeds=seeds, sigma=sigma, antithetic=antithetic, per_individual=batched)
         return unflatten(out_spec[-1], list(outs))
 

@@ -35,6 +35,20 @@ def flatten(obj, leaves: list, drop_tensor_holders: bool = False) -> object:
     return ("const", None if drop_tensor_holders and holds_tensors(obj) else obj)
 
 
+def flatten_call(args: tuple, kwargs: dict, leaves: list) -> tuple[object, list]:
+    """A call's (args, kwargs) flattened as ``flatten((args, kwargs), leaves)`` does; also returns, for
+    every tensor leaf, the argument it came from (its position in args, or its keyword)."""
+    keys = []
+    parts = {}
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        before = len(leaves)
+        parts[key] = flatten(value, leaves)
+        keys += [key] * (len(leaves) - before)
+    spec = ("tuple", tuple, [("tuple", tuple, [parts[i] for i in range(len(args))]),
+                             ("dict", dict, list(kwargs), [parts[k] for k in kwargs])])
+    return spec, keys
+
+
 def unflatten(spec, leaves: list):
     kind = spec[0]
     if kind == "tensor":
