@@ -182,6 +182,12 @@ def test_checkpointer_from_the_api(tmp_path):
     path, skipped = saver.latest()
     fresh = ES(nn.Linear(3, 2), population_size=4, seed=3)
     assert fresh.load(path) == {"note": 6} and fresh.generation == 6 and skipped == []
+    single = Checkpointer(tmp_path / "one", every=1, minutes=None, keep=1)
+    for _ in range(3):
+        es.ask()
+        es.tell(-es.forward(x).pow(2).mean(dim=(1, 2)))
+        single.save(es)
+    assert [os.path.basename(p) for p in single.files()] == ["checkpoint-00000010.pt"]
 
 
 def test_nonfinite_fitness_error_by_default_or_ranked_last():

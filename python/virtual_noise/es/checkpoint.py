@@ -106,13 +106,26 @@ class Checkpointer:
         return self.save(es, **extra) if self.due(es.generation) else None
 
     def save(self, es, **extra) -> str:
+        """Write the checkpoint of this generation; never more than ``keep`` files, at any moment.
+
+        With keep >= 2 the oldest go before the write (keep - 1 complete checkpoints remain while it
+        runs); removing them after it, a kill in between left keep + 1. With keep = 1 the one file is
+        replaced only once the new one is complete.
+        """
         path = self.path_for(es.generation)
+        if es.rank == 0 and self.keep >= 2:
+            self._prune(self.keep - 1, path)
         es.save(path, **extra)
         self._last_time = time.monotonic()
         if es.rank == 0:
-            for old in self.files()[:-self.keep]:
-                os.unlink(old)
+            self._prune(self.keep - 1, path)
         return path
+
+    def _prune(self, keep: int, path: str) -> None:
+        """Remove all but the newest ``keep`` checkpoints besides ``path`` (the one being written)."""
+        others = [p for p in self.files() if os.path.abspath(p) != os.path.abspath(path)]
+        for old in others[:max(0, len(others) - keep)]:
+            os.unlink(old)
 
     def files(self) -> list[str]:
         """This run's checkpoint files, oldest first."""

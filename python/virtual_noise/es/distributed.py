@@ -84,6 +84,13 @@ class Shard:
         self.bytes_last_generation += buf.numel() * buf.element_size()
         return buf.to(flat.device)
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is set on any rank (the same answer on every rank)."""
+        t = torch.tensor([int(flag)], device=self.comm_device)
+        self._collective("all_reduce of a stop flag",
+                         lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group))
+        return bool(t.item())
+
     def barrier(self) -> None:
         self._collective("barrier", lambda: dist.barrier(group=self.group))
 

@@ -155,7 +155,8 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
                 break
             ckpts.maybe_save(es, **extra())
     bar.close()
-    if not ckpts.files() or not ckpts.files()[-1].endswith(f"{es.generation:08d}.pt"):
+    final_checkpoint = ckpts.path_for(es.generation)
+    if not os.path.exists(final_checkpoint):
         ckpts.save(es, **extra())
     final = rows[-1] if rows else {}
     summary = {"task": task.name, "generations": es.generation, "seconds": final.get("seconds"),
@@ -164,7 +165,7 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
                "population": es.population_size, "sigma": es.sigma, "antithetic": es.antithetic,
                "n_params": es.population.n_params, "device": str(es.device), "world_size": es.world_size,
                "comm_bytes_per_generation_per_rank": final.get("comm_bytes", 0),
-               "nonfinite_total": sum(r.get("nonfinite", 0) for r in rows), "checkpoint": ckpts.files()[-1],
+               "nonfinite_total": sum(r.get("nonfinite", 0) for r in rows), "checkpoint": final_checkpoint,
                "out_dir": out_dir}
     if lead:
         torch.save(es.module.state_dict(), os.path.join(out_dir, "model.pt"))
@@ -178,14 +179,7 @@ def _stop_requested(es: ES, local_signal) -> bool:
     """Whether to stop now: this process got SIGINT / SIGTERM, or (with several ranks) any rank did,
     so that every rank stops after the same generation."""
     flag = local_signal is not None
-    if es.shard is None:
-        return flag
-    import torch.distributed as dist
-
-    t = torch.tensor([int(flag)], device=es.shard.comm_device)
-    es.shard._collective("all_reduce of the stop flag", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX,
-                                                                                 group=es.shard.group))
-    return bool(t.item())
+    return flag if es.shard is None else es.shard.any(flag)
 
 
 def write_csv(rows: list[dict], path: str) -> None:
