@@ -135,11 +135,15 @@ class Checkpointer:
 
     def latest(self) -> tuple[str, list[str]]:
         """(the newest checkpoint that loads, one line per newer file that does not). CheckpointError if none."""
+        path, _, skipped = self.newest()
+        return path, skipped
+
+    def newest(self) -> tuple[str, dict, list[str]]:
+        """As ``latest``, with the loaded checkpoint (for ES.load_state_dict and its ``extra``), read once."""
         skipped = []
         for path in reversed(self.files()):
             try:
-                load_checked(path)
-                return path, skipped
+                return path, load_checked(path), skipped
             except CheckpointError as e:
                 skipped.append(str(e))
         if skipped:

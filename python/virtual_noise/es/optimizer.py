@@ -250,21 +250,24 @@ class ES:
             f = torch.full((1,), float("nan"), dtype=torch.float64)
         return {"mean": f.mean().item(), "max": f.max().item(), "min": f.min().item(), "nonfinite": self.last_nonfinite}
 
+    def _config(self) -> dict:
+        """What a checkpoint must share with this ES to resume it."""
+        return {"population_size": self.population_size, "sigma": self.sigma, "antithetic": self.antithetic,
+                "fitness_shaping": self.fitness_shaping, "weight_decay": self.weight_decay,
+                "noise": self.population.noise, "ranks": dict(self.population.ranks),
+                "evolved": [b.name for b in self.population.blocks]}
+
     def state_dict(self) -> dict:
         return {
             "module": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "generation": self.generation,
-            "config": {"population_size": self.population_size, "sigma": self.sigma,
-                       "antithetic": self.antithetic, "fitness_shaping": self.fitness_shaping,
-                       "weight_decay": self.weight_decay, "noise": self.population.noise,
-                       "ranks": dict(self.population.ranks),
-                       "evolved": [b.name for b in self.population.blocks]},
+            "config": self._config(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        mine, theirs = self.state_dict()["config"], state["config"]
+        mine, theirs = self._config(), state["config"]
         differ = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
         if differ:
             what = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this ES {mine.get(k)!r}" for k in differ)

@@ -23,7 +23,7 @@ import time
 import torch
 
 from ..es import ES
-from ..es.checkpoint import Checkpointer, CheckpointError, load_checked
+from ..es.checkpoint import Checkpointer, CheckpointError
 
 #: Options whose change would change the run: resuming with another value is refused.
 RUN_OPTIONS = ("task", "model", "hidden", "population", "sigma", "lr", "antithetic", "shaping", "weight_decay",
@@ -100,12 +100,12 @@ def train(task, es: ES, *, generations: int, out_dir: str, eval_every: int = 10,
     rows: list[dict] = []
     if resume:
         try:
-            path, skipped = ckpts.latest()
-            saved = load_checked(path)["extra"].get("options", {})
-            _check_options(saved, options, generations, path)
+            path, ckpt, skipped = ckpts.newest()
+            _check_options(ckpt["extra"].get("options", {}), options, generations, path)
             for line in skipped:
                 print(f"virtual-noise train: skipping {line}", file=sys.stderr)
-            extra = es.load(path)
+            es.load_state_dict(ckpt["es"])
+            extra = ckpt["extra"]
         except (CheckpointError, ValueError) as e:
             raise RunError(str(e)) from None
         task.generator.set_state(extra["task_generator"])
