@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
+from .perturbed_linear import _cublas_base
 
 SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds (at least; see lowrank_weight_gradient)
 
@@ -129,8 +130,6 @@ def _roles(rows, cols, r, offset, transposed):
 
 
 def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed):
-    from .perturbed_linear import _cublas_base
-
     rows, cols = weight.shape
     in_f, out_f = (rows, cols) if transposed else (cols, rows)
     pop = seeds.numel() * (2 if antithetic else 1)

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops import generate_noise
 from .launch_math import cdiv
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
@@ -60,8 +61,6 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
     sn, sk = (1, out_f) if transposed else (in_f, 1)
     bias_pop = None
     if bias is not None:  # the bias noise, materialized: P x out, small
-        from ..ops import generate_noise
-
         nb = generate_noise(seeds, out_f, offset + out_f * in_f)
         if antithetic:
             nb = torch.stack([nb, -nb], dim=1).flatten(0, 1)
