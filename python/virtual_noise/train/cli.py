@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, error) -> int:
     import sys
 
     from ..es import ES
-    from .loop import RunError, RunInterrupted, train
+    from .loop import RUN_OPTIONS, RunError, RunInterrupted, train
 
     import os
 
@@ -143,10 +143,9 @@ def run(args: argparse.Namespace, error) -> int:
         f"{'low-rank noise, rank ' + str(cfg['rank']) if cfg['noise'] == 'lowrank' else 'full-rank noise'} | "
         f"sigma {es.sigma} | lr {cfg['lr']} | "
         f"device {cfg['device']}" + (f" | {es.world_size} ranks ({torch.distributed.get_backend()})" if distributed else ""))
-    options = {"task": cfg["task"], "model": cfg["model"], "hidden": cfg["hidden"], "population": cfg["population"],
-               "sigma": cfg["sigma"], "lr": cfg["lr"], "antithetic": cfg["antithetic"], "shaping": args.shaping,
-               "weight_decay": args.weight_decay, "noise": cfg["noise"], "rank": cfg["rank"], "seed": args.seed,
-               "batch": cfg["batch"], "lr_schedule": cfg["lr_schedule"], "nonfinite_fitness": args.nonfinite_fitness}
+    run_settings = {**cfg, "shaping": args.shaping, "weight_decay": args.weight_decay, "seed": args.seed,
+                    "nonfinite_fitness": args.nonfinite_fitness}
+    options = {key: run_settings[key] for key in RUN_OPTIONS}  # what a resume must not change
     try:
         summary = train(task, es, generations=cfg["generations"], out_dir=cfg["out"], eval_every=args.eval_every,
                         time_limit=args.time_limit, progress=not args.no_progress, resume=args.resume,
