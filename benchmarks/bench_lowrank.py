@@ -6,7 +6,8 @@
 Forward: per-individual x (P, T, in). "inference" is one F.linear over the P*T rows; the
 materialized baseline draws each individual's factors (torch.rand), forms its weights
 W + sigma c A B^T with bmm and runs bmm with x; "factored" keeps the materialized factors factored
-(x @ W^T + sigma c (x @ B) @ A^T with bmm), a stronger baseline shown for reference. Targets: >= 90% of inference at 4096->11008 for T >= 16, >= 80% at 768->3072, >= 1.5x the
+(x @ W^T + sigma c (x @ B) @ A^T with bmm), a stronger baseline shown for reference. "of inference,
+graphed": both replayed from CUDA graphs (no per-call host work; bench_cuda.graph_ms). Targets: >= 90% of inference at 4096->11008 for T >= 16, >= 80% at 768->3072, >= 1.5x the
 baseline on every row. Gradient: P=4096 4096x11008 r=4 against the GEMM of the same product
 (4096 x 11008 over K = P * r), target >= 70% of its rate.
 """
@@ -35,11 +36,15 @@ TS = [1, 16, 128, 512]
 ROWS = 8192  # P * T
 
 
-def timer(device):
+def timer(device, graphed=False):
+    """Median ms per call: eager calls back to back, or (graphed) replayed from one CUDA graph, which
+    takes the host's per-call work (dispatch, checks, Triton launches) out of the GPU's way."""
     if device.type == "cuda":
-        from bench_cuda import cuda_median_ms
+        from bench_cuda import cuda_median_ms, graph_ms
 
-        return lambda fn: cuda_median_ms(fn, repeats=5)
+        return (lambda fn: graph_ms(fn, repeats=5)) if graphed else (lambda fn: cuda_median_ms(fn, repeats=5))
+    if graphed:
+        return None
 
     def cpu_ms(fn):
         fn()
@@ -77,7 +82,7 @@ def factored(x, w, b, P, r, sigma):
 
 
 def forward_rows(device, dtype, layers, ranks, ts, rows_total):
-    ms = timer(device)
+    ms, gms = timer(device), timer(device, graphed=True)
     g = torch.Generator(device=device.type).manual_seed(0)
     rows, records = [], []
     for i, o in layers:
@@ -87,9 +92,12 @@ def forward_rows(device, dtype, layers, ranks, ts, rows_total):
             P = max(2, rows_total // t)
             x = torch.randn(P, t, i, device=device, generator=g).to(dtype)
             inf = ms(lambda: F.linear(x.view(-1, i), w, b))
+            inf_g = gms(lambda: F.linear(x.view(-1, i), w, b)) if gms else None
             for r in ranks:
                 seeds = torch.arange(P // 2, device=device)
-                ours = ms(lambda: vn.virtual_lowrank_perturbed_linear(x, w, b, seeds, 0.01, 0, r, antithetic=True))
+                call = lambda: vn.virtual_lowrank_perturbed_linear(x, w, b, seeds, 0.01, 0, r, antithetic=True)  # noqa: E731
+                ours = ms(call)
+                ours_g = gms(call) if gms else None
                 try:
                     base = ms(lambda: baseline(x, w, b, P, r, 0.01))
                 except torch.OutOfMemoryError:
@@ -97,10 +105,12 @@ def forward_rows(device, dtype, layers, ranks, ts, rows_total):
                 fact = ms(lambda: factored(x, w, b, P, r, 0.01))
                 rec = dict(layer=f"{i}->{o}", P=P, T=t, rank=r, inference_ms=inf, ms=ours, baseline_ms=base,
                            factored_ms=fact, of_inference=inf / ours, vs_baseline=base / ours if base else None,
-                           vs_factored=fact / ours)
+                           vs_factored=fact / ours, graph_inference_ms=inf_g, graph_ms=ours_g,
+                           graph_of_inference=inf_g / ours_g if gms else None)
                 records.append(rec)
                 rows.append([rec["layer"], P, t, r, f"{inf:.3f}", f"{ours:.3f}", f"{base:.3f}" if base else "OOM",
                              f"{fact:.3f}", f"{rec['of_inference']:.2f}",
+                             f"{rec['graph_of_inference']:.2f}" if gms else "-",
                              f"{rec['vs_baseline']:.1f}x" if base else "-", f"{rec['vs_factored']:.2f}x"])
                 print(" | ".join(map(str, rows[-1])), flush=True)
     return rows, records
@@ -136,7 +146,7 @@ def main():
         grad = gradient_row(device)
         title = "bf16, antithetic"
     table = markdown_table(["layer", "P", "T", "rank", "inference ms", "ours ms", "materialized ms", "factored ms",
-                            "of inference", "vs materialized", "vs factored"], rows)
+                            "of inference", "of inference, graphed", "vs materialized", "vs factored"], rows)
     text = f"{head}\n{title}\n\n{table}\n"
     if grad:
         text += (f"\nGradient P={grad['P']} {grad['shape']} r={grad['rank']}: {grad['ms']:.3f} ms, "

@@ -587,9 +587,21 @@ def test_es_training_on_cuda(tmp_path):
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("rank,transposed", [(1, False), (4, True), (16, False)])
-def test_lowrank_vs_reference_and_cpu(dtype, shared, antithetic, rank, transposed):
-    g = torch.Generator().manual_seed(rank + shared)
-    m, batch, in_f, out_f = 3, 130, 300, 200
+@pytest.mark.parametrize("batch,matmul_precision", [(130, "highest"), (130, "high"), (16, "high")])
+def test_lowrank_vs_reference_and_cpu(dtype, shared, antithetic, rank, transposed, batch, matmul_precision):
+    # "high" takes the fused GEMM (lowrank_gemm.py) for per-individual x, also float32; T = 16 puts
+    # several individuals in one row tile (and rank 16 back on the three-pass form).
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(matmul_precision)
+    try:
+        _check_lowrank(dtype, shared, antithetic, rank, transposed, batch)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _check_lowrank(dtype, shared, antithetic, rank, transposed, batch):
+    g = torch.Generator().manual_seed(rank + shared + batch)
+    m, in_f, out_f = 3, 300, 200
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)

@@ -11,7 +11,7 @@ from virtual_noise.es import ES
 from virtual_noise.models import VirtualPopulation
 
 
-def lowrank_reference(model, pop, args, seeds, sigma, antithetic):
+def lowrank_reference(model, pop, args, seeds, sigma, antithetic, args_of=None):
     """functional_call with explicitly perturbed parameters: low-rank blocks from their factors, the rest full."""
     P = seeds.numel() * (2 if antithetic else 1)
     outs = []
@@ -24,22 +24,28 @@ def lowrank_reference(model, pop, args, seeds, sigma, antithetic):
             else:
                 n = noise_ref(seeds, b.numel, b.offset, antithetic)[i].view(b.param.shape)
             params[b.name] = (b.param.detach().float() + sigma * n.float()).to(b.param.dtype)
-        outs.append(functional_call(model, params, args, tie_weights=True))
+        outs.append(functional_call(model, params, args if args_of is None else args_of(i), tie_weights=True))
     return outs
 
 
 @pytest.mark.parametrize("antithetic", [True, False])
-def test_lowrank_population_matches_functional_call(antithetic):
+@pytest.mark.parametrize("per_individual", [False, True])
+def test_lowrank_population_matches_functional_call(antithetic, per_individual):
     torch.manual_seed(0)
     model = GPTDecoder().eval()
     pop = VirtualPopulation(model, noise="lowrank", rank=2, noise_overrides={"blocks.0.proj.weight": "full",
                                                                             "blocks.1.qkv.weight": 5})
-    # Linear weights take low rank; embeddings (the tied head's weight included) and norms stay full.
+    # Linear and embedding weights take low rank (the head tied to the token embedding with it); norms stay full.
     assert pop.ranks["blocks.1.fc.weight"] == 2 and pop.ranks["blocks.1.qkv.weight"] == 5
-    assert "blocks.0.proj.weight" not in pop.ranks and "tok.weight" not in pop.ranks
-    ids, seeds = torch.randint(0, 40, (2, 9)), torch.tensor([3, -3])
-    out = pop(ids, seeds=seeds, sigma=0.05, antithetic=antithetic)
-    assert_population_close(out, lowrank_reference(model, pop, (ids,), seeds, 0.05, antithetic), 2e-5, 2e-5)
+    assert pop.ranks["tok.weight"] == 2 and pop.ranks["pos.weight"] == 2
+    assert "blocks.0.proj.weight" not in pop.ranks and "ln_f.weight" not in pop.ranks
+    seeds = torch.tensor([3, -3])
+    P = 4 if antithetic else 2
+    ids = torch.randint(0, 40, (P, 2, 9) if per_individual else (2, 9))
+    out = pop(ids, seeds=seeds, sigma=0.05, antithetic=antithetic, per_individual=per_individual)
+    refs = lowrank_reference(model, pop, None, seeds, 0.05, antithetic,
+                             args_of=lambda i: (ids[i],) if per_individual else (ids,))
+    assert_population_close(out, refs, 2e-5, 2e-5)
 
 
 def test_lowrank_on_hugging_face_conv1d_and_multihead_attention():

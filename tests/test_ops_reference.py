@@ -217,6 +217,16 @@ def test_lowrank_perturbed_linear(dtype, shared_x, antithetic, rank, transposed,
         torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol * in_f**0.5)
 
 
+def test_lowrank_perturbed_linear_base_in_chunks(gen):
+    # Per-individual x whose float32 base exceeds the CPU kernel's 16 MiB chunk: one seed's pair at a time.
+    m, batch, in_f, out_f = 3, 128, 6, 16384
+    seeds = seeds_for(m, gen)
+    x, w, b = torch.randn(2 * m, batch, in_f, generator=gen), torch.randn(out_f, in_f, generator=gen), torch.randn(out_f)
+    y = vn.virtual_lowrank_perturbed_linear(x, w, b, seeds, 0.37, 2**32 + 5, 2, antithetic=True)
+    ref = lowrank_perturbed_linear_ref(x, w, b, seeds, 0.37, 2**32 + 5, 2, True, False)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("shape,rank", [((40, 30), 1), ((64, 100), 8), ((3, 500), 2)])
 def test_lowrank_weight_gradient(antithetic, shape, rank, gen):

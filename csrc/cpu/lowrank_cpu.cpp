@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,6 +32,9 @@ void fill_factors(uint64_t key, uint64_t offset, int64_t in, int64_t out, int64_
 }
 
 }  // namespace
+
+// The per-individual base's float32 tiles, at most this many bytes at a time.
+constexpr int64_t kBaseChunkBytes = 16 << 20;
 
 at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, const at::Tensor& seeds,
@@ -56,41 +60,49 @@ at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weigh
   const int64_t n_tiles = (out + kTileCols - 1) / kTileCols, prod = batch * kTileCols;
   const std::vector<float> wt = weight_tiles(w32.data_ptr<float>(), in, out);
 
-  // x @ W^T + b: once for shared x, per individual otherwise (fixed tile order either way).
-  const std::vector<float> base = linear_tiles(xp, d.shared_x ? 1 : pop, batch, in, out, wt, bp);
-
-  at::parallel_for(0, n_seeds, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> fin(in * r), fout(out * r), nb(out), u(members * batch * r);
-    for (int64_t s = begin; s < end; ++s) {
-      fill_factors(keys[s], static_cast<uint64_t>(offset), in, out, r, transposed, fin.data(), fout.data());
-      if (d.has_bias) fill_noise(keys[s], b_off, 1, out, nb.data());
-      // u = x_i @ fin, for each member with its own x (one for shared x).
-      const int64_t xs = d.shared_x ? 1 : members;
-      for (int64_t m = 0; m < xs; ++m) {
-        const float* xi = xp + (d.shared_x ? 0 : (s * members + m) * batch * in);
-        for (int64_t b = 0; b < batch; ++b)
-          for (int64_t q = 0; q < r; ++q) {
-            float acc = 0.f;
-            for (int64_t k = 0; k < in; ++k) acc += xi[b * in + k] * fin[k * r + q];
-            u[(m * batch + b) * r + q] = acc;
-          }
+  // x @ W^T + b: once for shared x; per individual otherwise, for a chunk of seeds at a time, so that the
+  // float32 tiles of the base take at most kBaseChunkBytes beside the output (fixed tile order either way).
+  const int64_t per_seed = d.shared_x ? 0 : members * n_tiles * prod;
+  const int64_t chunk = d.shared_x ? n_seeds : std::max<int64_t>(1, kBaseChunkBytes / 4 / per_seed);
+  const std::vector<float> shared_base = d.shared_x ? linear_tiles(xp, 1, batch, in, out, wt, bp) : std::vector<float>();
+  for (int64_t s0 = 0; s0 < n_seeds; s0 += chunk) {
+    const int64_t s1 = std::min(n_seeds, s0 + chunk);
+    const std::vector<float> chunk_base =
+        d.shared_x ? std::vector<float>() : linear_tiles(xp + s0 * members * batch * in, (s1 - s0) * members, batch, in, out, wt, bp);
+    const std::vector<float>& base = d.shared_x ? shared_base : chunk_base;
+    at::parallel_for(s0, s1, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> fin(in * r), fout(out * r), nb(out), u(members * batch * r);
+      for (int64_t s = begin; s < end; ++s) {
+        fill_factors(keys[s], static_cast<uint64_t>(offset), in, out, r, transposed, fin.data(), fout.data());
+        if (d.has_bias) fill_noise(keys[s], b_off, 1, out, nb.data());
+        // u = x_i @ fin, for each member with its own x (one for shared x).
+        const int64_t xs = d.shared_x ? 1 : members;
+        for (int64_t m = 0; m < xs; ++m) {
+          const float* xi = xp + (d.shared_x ? 0 : (s * members + m) * batch * in);
+          for (int64_t b = 0; b < batch; ++b)
+            for (int64_t q = 0; q < r; ++q) {
+              float acc = 0.f;
+              for (int64_t k = 0; k < in; ++k) acc += xi[b * in + k] * fin[k * r + q];
+              u[(m * batch + b) * r + q] = acc;
+            }
+        }
+        for (int64_t m = 0; m < members; ++m) {
+          const int64_t i = s * members + m;
+          const float sg = m == 0 ? sigma : -sigma;  // antithetic twin: -N
+          const float* ui = u.data() + (d.shared_x ? 0 : m) * batch * r;
+          const float* bi = base.data() + (d.shared_x ? 0 : i - s0 * members) * n_tiles * prod;
+          for (int64_t b = 0; b < batch; ++b)
+            for (int64_t j = 0; j < out; ++j) {
+              float acc = 0.f;
+              for (int64_t q = 0; q < r; ++q) acc += ui[b * r + q] * fout[j * r + q];
+              const float noise_term = c * acc + (d.has_bias ? nb[j] : 0.f);
+              const float bv = bi[(j / kTileCols) * prod + b * kTileCols + j % kTileCols];
+              yp[(i * batch + b) * out + j] = bv + sg * noise_term;
+            }
+        }
       }
-      for (int64_t m = 0; m < members; ++m) {
-        const int64_t i = s * members + m;
-        const float sg = m == 0 ? sigma : -sigma;  // antithetic twin: -N
-        const float* ui = u.data() + (d.shared_x ? 0 : m) * batch * r;
-        const float* bi = base.data() + (d.shared_x ? 0 : i) * n_tiles * prod;
-        for (int64_t b = 0; b < batch; ++b)
-          for (int64_t j = 0; j < out; ++j) {
-            float acc = 0.f;
-            for (int64_t q = 0; q < r; ++q) acc += ui[b * r + q] * fout[j * r + q];
-            const float noise_term = c * acc + (d.has_bias ? nb[j] : 0.f);
-            const float bv = bi[(j / kTileCols) * prod + b * kTileCols + j % kTileCols];
-            yp[(i * batch + b) * out + j] = bv + sg * noise_term;
-          }
-      }
-    }
-  });
+    });
+  }
   return y.to(x.scalar_type());
 }
 

@@ -60,6 +60,34 @@ def test_perturbed_linear(dtype, shared, antithetic, with_bias, in_f):
     torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
 
 
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_perturbed_linear_merged_dots(antithetic, transposed, monkeypatch):
+    # Per-individual 16-bit x with 64-row tiles and more: one dot per member with W + s sigma N rounded to
+    # x's dtype. Against the float64 reference of exactly that: the perturbed weight rounded to float16.
+    calls = []
+    monkeypatch.setattr(lin, "_merges", lambda x, bm: calls.append(bm) or lin.MERGE_FROM_ROWS <= bm)
+    g = torch.Generator().manual_seed(7 + antithetic + 2 * transposed)
+    m, batch, in_f, out_f = 3, 40, 70, 90
+    pop = 2 * m if antithetic else m
+    s = seeds_for(m, g)
+    x = torch.randn(pop, batch, in_f, generator=g).half()
+    w = (torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)).half()
+    b = torch.randn(out_f, generator=g).half()
+    y = lin.perturbed_linear(x, w, b, s, 0.3, 2**33 + 1, antithetic, transposed)
+    assert calls == [64]
+    wv = (w.t() if transposed else w).double()
+    noise = vn.generate_noise(s, out_f * in_f + out_f, 2**33 + 1).double()
+    nw, nb = noise[:, : out_f * in_f], noise[:, out_f * in_f:]
+    nw = nw.view(m, in_f, out_f).transpose(1, 2) if transposed else nw.view(m, out_f, in_f)
+    signs = [1.0, -1.0] if antithetic else [1.0]
+    for i in range(pop):
+        u, sgn = (i // 2, signs[i % 2]) if antithetic else (i, 1.0)
+        wp = (wv + sgn * 0.3 * nw[u]).half().double()  # the perturbed weight in x's dtype
+        want = x[i].double() @ wp.t() + b.double() + sgn * 0.3 * nb[u]
+        torch.testing.assert_close(y[i].double(), want, rtol=2e-3, atol=2e-2)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("in_f", [70, 48])
@@ -312,13 +340,32 @@ def test_reduce_metric(antithetic, n, m):
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rank", [1, 4, 17])
 def test_lowrank_perturbed_linear(dtype, shared, antithetic, transposed, rank):
-    g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed)
-    m, batch, in_f, out_f = 3, 37, 70, 90  # several K steps, two output tiles, a partial batch tile
+    _check_lowrank(dtype, shared, antithetic, transposed, rank, 37)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("batch,rank,with_bias", [(37, 3, True), (4, 1, True), (16, 4, False), (200, 2, True)])
+def test_lowrank_fused_gemm(dtype, antithetic, batch, rank, with_bias, monkeypatch):
+    # The GEMM with the rank-r term in its epilogue (lowrank_gemm.py): rows of one tile spanning several
+    # individuals (T = 4, 16, 37: aligned and not), one individual over several tiles (T = 200), float32
+    # at tf32 ("high"), without bias.
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    calls = []
+    forward = lowrank._gemm.forward
+    monkeypatch.setattr(lowrank._gemm, "forward", lambda *a: calls.append(1) or forward(*a))
+    _check_lowrank(dtype, False, antithetic, False, rank, batch, with_bias)
+    assert calls == [1]
+
+
+def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True):
+    g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed + 16 * batch)
+    m, in_f, out_f = 3, 70, 90  # several K steps, two output tiles, a partial batch tile
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)
     w = (torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)).to(dtype)
-    b = torch.randn(out_f, generator=g).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype) if with_bias else None
     y = lowrank.lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33 + 7, rank, antithetic, transposed)
     cpu = vn.virtual_lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33 + 7, rank, antithetic=antithetic,
                                               transposed=transposed)
@@ -332,6 +379,7 @@ def test_lowrank_perturbed_linear(dtype, shared, antithetic, transposed, rank):
 @pytest.mark.parametrize("antithetic", [False, True])
 def test_lowrank_gradient_and_generate(antithetic, monkeypatch):
     monkeypatch.setattr(lowrank, "SCRATCH_BYTES", 4000)  # several chunks of seeds
+    monkeypatch.setattr(lowrank, "CHUNK_OF_RESULT", 0)
     g = torch.Generator().manual_seed(int(antithetic))
     m, rows, cols, r = 9, 40, 33, 3
     pop = 2 * m if antithetic else m

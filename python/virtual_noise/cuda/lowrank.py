@@ -5,16 +5,18 @@ offset and B (cols, r) after them; N = sqrt(12/r) A @ B^T. For a linear weight
 stored (out, in) the input factor is B and the output factor A (stored
 (in, out), transposed, the other way round). The forward is
 
-    y_i = x_i @ W^T + b  (cuBLAS: the inference GEMM)
+    y_i = x_i @ W^T + b  (the inference GEMM)
         + s_i sigma (c * (x_i @ fin_i) @ fout_i^T + nb_i)
 
-with the second line in two small kernels: ``_input_factor_kernel`` reads x
-once and writes u_i = x_i @ fin_i (rows of x x r, float32), and
-``_output_factor_kernel`` hashes fout_i per output tile and adds the rank-r
-product and the bias noise into the output. The rank-r products are float32
-FMAs over exactly r hashed columns (no tensor-core padding to 16). The noise
-term is exact in float32 for every input dtype. The gradient is GEMMs over the
-generated factors, a bounded chunk of seeds at a time, in a fixed order.
+``_input_factor_kernel`` reads x once and writes u_i = x_i @ fin_i (rows of x
+x r, float32). For per-individual x the rest is one GEMM over all P*T rows
+whose epilogue adds the rank-r product and the bias noise (lowrank_gemm.py).
+Otherwise (shared x; per-individual float32 x at "highest"; a row tile
+spanning more individuals than its noise dot holds: T < 16 at rank 4) the base
+comes from cuBLAS and ``_output_factor_kernel`` hashes fout_i per output tile
+and adds the noise term into the output with float32 FMAs over exactly r
+columns. The gradient is GEMMs over the generated factors, a bounded chunk of
+seeds at a time, in a fixed order.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from . import lowrank_gemm as _gemm
+from .device_info import fp32_dot_precision, noise_dot_precision
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 from .perturbed_linear import _cublas_base
 
 SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds (at least; see lowrank_weight_gradient)
+CHUNK_OF_RESULT = 3  # gradient: a chunk's factors may take up to 3 times the float32 result's bytes
 
 
 @triton.jit
@@ -41,10 +46,12 @@ def _factor_column(key, f_offset, idx, q, R: tl.constexpr):
 @triton.jit
 def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                         BM: tl.constexpr, BK: tl.constexpr):
-    """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero). v: a seed for shared x, an individual
-    otherwise. Each factor element is hashed once per program (R columns, not the padded RP: at rank 1
-    the padding would be 16 times the hashing), and the products are float32 FMAs."""
+                         BM: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero) as a tensor-core dot. v: a seed for shared x,
+    an individual otherwise. Each factor element is hashed once per program: the R columns are hashed as
+    BK-vectors and placed into the (BK x RP) operand by selects, so rank 1 hashes 1 column, not the 16 a dot
+    needs. (The float32 FMA form with a row reduction per column measured ~30 us per unit of rank at
+    P*T = 8192, 4096 inputs, H100: docs/lowrank.md.)"""
     v = tl.program_id(0)
     seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
     key = seed_key(tl.load(seeds_ptr + seed_index))
@@ -57,11 +64,11 @@ def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride
         kk = k0 + tl.arange(0, BK)
         mask_k = kk < in_f
         xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        xt = xt.to(tl.float32)
+        f = tl.zeros((BK, RP), dtype=tl.float32)
         for q in tl.static_range(R):
-            f = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
-            part = tl.sum(xt * f[None, :], axis=1)  # (BM,)
-            acc += tl.where(cols[None, :] == q, part[:, None], 0.0)
+            col = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
+            f = tl.where(cols[None, :] == q, col[:, None], f)
+        acc = tl.dot(xt.to(tl.float32), f, acc, input_precision=PRECISION)
     tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + cols[None, :], acc, mask=mask_m[:, None])
 
 
@@ -108,25 +115,73 @@ def _output_factor_kernel(u_ptr, base_ptr, out_ptr, seeds_ptr, batch, out_f, str
 
 
 @triton.jit
-def _factor_columns_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, n_rows, K, f_offset, R: tl.constexpr,
-                           HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):
-    """dst[j, v*R + q] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): one seed's factor as
-    R columns of a (n_rows, K) matrix."""
-    v = tl.program_id(0)
-    e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = e < n_rows.to(tl.int64) * R
+def _factor_rows_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, n_rows, f_offset, R: tl.constexpr, HAS_COEF: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """dst[v*R + q, j] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): column q of seed u0+v's factor as
+    row v*R + q of a (units * R, n_rows) matrix; one program per (row, BLOCK of j), each store coalesced."""
+    row = tl.program_id(0)
+    v, q = row // R, row % R
+    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < n_rows
     key = seed_key(tl.load(seeds_ptr + u0 + v))
-    val = noise_from_counter(key + counter_offset(f_offset + e))
+    val = noise_from_counter(key + counter_offset(f_offset + j * R + q))
     if HAS_COEF:
         val = val * tl.load(coef_ptr + u0 + v)
-    j, q = e // R, e % R
-    tl.store(dst_ptr + j * K + v * R + q, val, mask=mask)
+    tl.store(dst_ptr + row.to(tl.int64) * n_rows + j, val, mask=mask)
 
 
 def _roles(rows, cols, r, offset, transposed):
     """(fin offset, fout offset): the factor applied to x's inputs and the one over the outputs."""
     a_off, b_off = offset, offset + rows * r
     return (a_off, b_off) if transposed else (b_off, a_off)
+
+
+@triton.jit
+def _input_factor_fma_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
+                         SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                         BM: tl.constexpr, BK: tl.constexpr):
+    """_input_factor_kernel for batches under 16 rows, where a dot's 16-row tile would be mostly padding:
+    float32 FMAs and a row reduction per factor column (at T = 1 the dot form measured 1.7-3.3x slower
+    for the whole forward, H100, docs/lowrank.md)."""
+    v = tl.program_id(0)
+    seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
+    key = seed_key(tl.load(seeds_ptr + seed_index))
+    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+    mask_m = offs_m < batch
+    x_base = x_ptr + (0 if SHARED else v.to(tl.int64) * stride_xp) + offs_m[:, None] * stride_xb
+    cols = tl.arange(0, RP)
+    acc = tl.zeros((BM, RP), dtype=tl.float32)
+    for k0 in range(0, in_f, BK):
+        kk = k0 + tl.arange(0, BK)
+        mask_k = kk < in_f
+        xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        xt = xt.to(tl.float32)
+        for q in tl.static_range(R):
+            f = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
+            part = tl.sum(xt * f[None, :], axis=1)  # (BM,)
+            acc += tl.where(cols[None, :] == q, part[:, None], 0.0)
+    tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + cols[None, :], acc, mask=mask_m[:, None])
+
+
+def _input_factor(x, seeds, fin_off, rank, antithetic, shared):
+    """u = x @ fin for every seed (shared x) or individual: (units, batch, RP) float32, RP = max(16,
+    next_pow2(rank)) (a dot's narrowest operand), columns >= rank zero."""
+    batch, in_f = x.shape[-2], x.shape[-1]
+    units = seeds.numel() if shared else x.shape[0]
+    rp = max(16, next_power_of_2(rank))
+    u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
+    x3 = x[None] if shared else x
+    args = (x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off)
+    if batch < 16:
+        bm_in = next_power_of_2(batch)
+        _input_factor_fma_kernel[(units, cdiv(batch, bm_in))](
+            *args, SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=128, num_warps=4)
+    else:
+        bm_in = min(64, next_power_of_2(batch))
+        _input_factor_kernel[(units, cdiv(batch, bm_in))](
+            *args, SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=64,
+            PRECISION=noise_dot_precision(x.device), num_warps=4)
+    return u
 
 
 def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed):
@@ -140,7 +195,12 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
         return out
     seeds = seeds.to(torch.int64).contiguous()
     fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
-    rp = next_power_of_2(rank)
+    scale, b_off = math.sqrt(12.0 / rank), offset + rows * cols
+    u = _input_factor(x, seeds, fin_off, rank, antithetic, shared)
+    if _gemm.serves(x, shared, rank, bias is not None):  # one GEMM, the noise term in its epilogue
+        w_view = weight.t() if transposed else weight
+        return _gemm.forward(x, w_view, bias, u.view(-1, u.shape[-1]), seeds, sigma, scale, fout_off, b_off, rank,
+                             antithetic, out, fp32_dot_precision(x.device), noise_dot_precision(x.device))
     # x @ W^T + b, the inference GEMM: once for shared x, over all P * batch rows otherwise.
     if shared:
         base, stride_bp, stride_bb = _cublas_base(x, weight, bias, transposed=transposed), 0, out_f
@@ -155,29 +215,23 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
             else:
                 torch.addmm(bias, x2, w, out=out.view(-1, out_f))
         base, stride_bp, stride_bb = out, out.stride(0), out.stride(1)
-    units = seeds.numel() if shared else pop
-    u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
-    x3 = x[None] if shared else x
-    bm_in = min(16, next_power_of_2(batch))
-    _input_factor_kernel[(units, cdiv(batch, bm_in))](
-        x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
-        SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=128, num_warps=4)
+    units = u.shape[0]
     bm, bn = min(32, next_power_of_2(batch)), 128
     _output_factor_kernel[(units * cdiv(out_f, bn), cdiv(batch, bm))](
         u, base, out, seeds, batch, out_f, stride_bp, stride_bb, out.stride(0), out.stride(1), float(sigma),
-        math.sqrt(12.0 / rank), fout_off, offset + rows * cols,
-        SHARED=shared, ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=rp, BM=bm, BN=bn, num_warps=4)
+        scale, fout_off, b_off, SHARED=shared, ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank,
+        RP=u.shape[-1], BM=bm, BN=bn, num_warps=4)
     return out
 
 
-def _factor_columns(seeds, coef, u0, units, n_rows, rank, f_offset, device):
-    k = units * rank
-    dst = torch.empty(n_rows, k, dtype=torch.float32, device=device)
+def _factor_rows(seeds, coef, u0, units, n_rows, rank, f_offset, device):
+    dst = torch.empty(units * rank, n_rows, dtype=torch.float32, device=device)
     block = 1024
-    _factor_columns_kernel[(units, cdiv(n_rows * rank, block))](
-        seeds, coef if coef is not None else seeds, dst, u0, n_rows, k, f_offset, R=rank,
-        HAS_COEF=coef is not None, BLOCK=block, num_warps=4)
+    _factor_rows_kernel[(units * rank, cdiv(n_rows, block))](
+        seeds, coef if coef is not None else seeds, dst, u0, n_rows, f_offset, R=rank, HAS_COEF=coef is not None,
+        BLOCK=block, num_warps=4)
     return dst
+
 
 
 def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic):
@@ -190,19 +244,20 @@ def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offse
     coef = f.view(-1, 2)[:, 0] - f.view(-1, 2)[:, 1] if antithetic else f
     coef = (coef * (math.sqrt(12.0 / rank) / (pop_size * sigma))).to(torch.float32).contiguous()
     seeds = seeds.to(torch.int64).contiguous()
-    # Every chunk's GEMM reads and writes the float32 result once more, so chunks as large as the result
-    # itself (at least SCRATCH_BYTES): at P=4096 4096x11008 r=4, 64 MiB chunks (8 of them) ran at 45% of
-    # the rate of the GEMM of the same product (benchmarks/RESULTS.md, low-rank).
+    # Every chunk's GEMM reads and writes the float32 result once more, and shorter GEMMs run further from
+    # the tensor cores' rate, so chunks of factors up to CHUNK_OF_RESULT times the result's bytes (at least
+    # SCRATCH_BYTES). At P=4096 4096x11008 r=4 (H100): 64 MiB chunks (8) ran at 45% of the rate of the GEMM
+    # of the same product, chunks the result's size (3) at 58%, one chunk at 64% (docs/lowrank.md).
     per_seed = (rows + cols) * rank * 4
-    chunk = max(1, max(SCRATCH_BYTES, grad.numel() * 4) // per_seed)
+    chunk = max(1, max(SCRATCH_BYTES, CHUNK_OF_RESULT * grad.numel() * 4) // per_seed)
     for u0 in range(0, seeds.numel(), chunk):  # a fixed order of chunks: deterministic sums
         units = min(chunk, seeds.numel() - u0)
-        a = _factor_columns(seeds, coef, u0, units, rows, rank, offset, device)
-        b = _factor_columns(seeds, None, u0, units, cols, rank, offset + rows * rank, device)
+        a = _factor_rows(seeds, coef, u0, units, rows, rank, offset, device).t()  # (rows, units * r)
+        b = _factor_rows(seeds, None, u0, units, cols, rank, offset + rows * rank, device)
         if u0 == 0:
-            torch.mm(a, b.t(), out=grad)
+            torch.mm(a, b, out=grad)
         else:
-            grad.addmm_(a, b.t())
+            grad.addmm_(a, b)
     return grad
 
 
@@ -212,8 +267,8 @@ def generate_lowrank_noise(seeds, weight_shape, rank, offset):
     s = seeds.numel()
     if s * rows * cols == 0:
         return torch.zeros(s, rows, cols, dtype=torch.float32, device=seeds.device)
-    a = _factor_columns(seeds, None, 0, s, rows, rank, offset, seeds.device).view(rows, s, rank).transpose(0, 1)
-    b = _factor_columns(seeds, None, 0, s, cols, rank, offset + rows * rank, seeds.device).view(cols, s, rank)
+    a = _factor_rows(seeds, None, 0, s, rows, rank, offset, seeds.device).view(s, rank, rows)
+    b = _factor_rows(seeds, None, 0, s, cols, rank, offset + rows * rank, seeds.device).view(s, rank, cols)
     # In float64, as the CPU kernel: products of 24-bit values and their short sums are exact there.
-    n = torch.bmm(a.double(), b.transpose(0, 1).double().transpose(1, 2))
+    n = torch.bmm(a.double().transpose(1, 2), b.double())
     return (math.sqrt(12.0 / rank) * n).to(torch.float32)

@@ -48,12 +48,20 @@ from .row_scaled_fp16 import row_block, scale_row
 
 @triton.jit
 def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, stride_xk, stride_wn, stride_wk,
-            noise0, noise1, lin0, lin1,
+            noise0, noise1, lin0, lin1, sigma,
             SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, ANTITHETIC: tl.constexpr, PRECISION: tl.constexpr,
-            LIN_PRECISION: tl.constexpr, ROW_SCALED: tl.constexpr):
+            LIN_PRECISION: tl.constexpr, ROW_SCALED: tl.constexpr, MERGED: tl.constexpr):
     """One K step: the (len(kk) x BN) noise tile from counters c[n] + lane_k[k], dotted with x."""
     x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
     nt = noise_from_counter(c[None, :] + lane_k[:, None])  # (BK, BN): N_u^T
+    if MERGED:  # one dot per member with its perturbed weight tile W + s sigma N, rounded to x's dtype
+        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
+        wf = wt.to(tl.float32)
+        lin0 = tl.dot(x0, (wf + sigma * nt).to(x0.dtype), lin0)
+        if ANTITHETIC:
+            x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
+            lin1 = tl.dot(x1, (wf - sigma * nt).to(x0.dtype), lin1)
+        return noise0, noise1, lin0, lin1
     if ROW_SCALED:  # tf32's truncation of the noise, exactly (row_scaled_fp16.py)
         nt = nt.to(tl.float16, fp_downcast_rounding="rtz")
     else:
@@ -81,6 +89,7 @@ def _perturbed_linear_kernel(
     SHARED_X: tl.constexpr, W_IN_KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, ANTITHETIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, LIN_PRECISION: tl.constexpr,
     K_TAIL: tl.constexpr, TAIL_FULL: tl.constexpr, GDC_WAIT: tl.constexpr, ROW_SCALED: tl.constexpr,
+    MERGED: tl.constexpr,
 ):
     n_tiles = tl.cdiv(out_f, BN)
     u = tl.program_id(0) // n_tiles
@@ -113,8 +122,8 @@ def _perturbed_linear_kernel(
     for k0 in range(0, k_main, BK):
         noise0, noise1, lin0, lin1 = _k_step(
             x0_ptrs, w_ptr, offs_n, k0 + tl.arange(0, BK), c, lane_k, mask_m[:, None], mask_n[None, :],
-            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION, LIN_PRECISION, ROW_SCALED)
+            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, sigma, SHARED_X, W_IN_KERNEL,
+            ANTITHETIC, PRECISION, LIN_PRECISION, ROW_SCALED, MERGED)
         c += c_step
     if K_TAIL > 0:
         kt = k_main + tl.arange(0, K_TAIL)
@@ -122,8 +131,8 @@ def _perturbed_linear_kernel(
         noise0, noise1, lin0, lin1 = _k_step(
             x0_ptrs, w_ptr, offs_n, kt, c, counter_offset(tl.arange(0, K_TAIL).to(tl.int64) * noise_sk),
             mask_m[:, None] & mask_t[None, :], mask_n[None, :] & mask_t[:, None],
-            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, SHARED_X, W_IN_KERNEL, ANTITHETIC,
-            PRECISION, LIN_PRECISION, ROW_SCALED)
+            stride_xp, stride_xk, stride_wn, stride_wk, noise0, noise1, lin0, lin1, sigma, SHARED_X, W_IN_KERNEL,
+            ANTITHETIC, PRECISION, LIN_PRECISION, ROW_SCALED, MERGED)
 
     if HAS_BIAS:
         # Bias counters key + counter_offset(b_offset + n), derived from the loop's c
@@ -308,6 +317,18 @@ def _base_in_out(x, out) -> bool:
     return True
 
 
+MERGE_FROM_ROWS = 64  # batch tiles from which per-individual 16-bit x takes one dot per perturbed tile
+
+
+def _merges(x, bm) -> bool:
+    """Whether the kernel forms each individual's perturbed weight tile W + s sigma N in registers, rounded to
+    x's dtype, and runs one dot with it instead of x @ W^T and x @ N^T (per-individual 16-bit x with W tiles
+    in the K loop): half the tensor-core work, the precision of the perturbed-weights path
+    (perturbed_weights.py) and of functional_call with perturbed 16-bit parameters. Measured:
+    docs/cuda-kernels.md, "Per-individual x with many rows"."""
+    return x.dim() == 3 and x.dtype != torch.float32 and bm >= MERGE_FROM_ROWS
+
+
 def _takes_copy(x, precision) -> bool:
     """Whether shared float32 x at tf32 enters the kernel as its row-scaled float16 copy (made by
     _shared_base_kernel, so batches up to 128 on Hopper and later): see row_scaled_fp16.serves_tl_dot."""
@@ -359,7 +380,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transpos
         float(sigma), offset, offset + out_f * in_f, 1 if transposed else in_f, out_f if transposed else 1,
         SHARED_X=shared, W_IN_KERNEL=w_in_kernel, HAS_BIAS=bias is not None, ANTITHETIC=antithetic,
         BM=bm, BN=bn, BK=bk, PRECISION=precision, LIN_PRECISION=lin_precision, K_TAIL=k_tail, TAIL_FULL=rem == k_tail, GDC_WAIT=pdl,
-        ROW_SCALED=copy is not None,
+        ROW_SCALED=copy is not None, MERGED=w_in_kernel and _merges(x, bm),
         num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"launch_pdl": True} if pdl else {}),
     )

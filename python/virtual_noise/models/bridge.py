@@ -14,11 +14,14 @@ the rule runs even when every other argument is shared by the population.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import virtual_lowrank_perturbed_linear, virtual_perturbed_embedding, virtual_perturbed_linear
+from ..ops import (generate_noise, virtual_lowrank_perturbed_linear, virtual_perturbed_embedding,
+                   virtual_perturbed_linear)
 from .context import PopulationContext
 
 
@@ -127,18 +130,39 @@ def population_linear(ctx: PopulationContext, x: Tensor, weight: Tensor, bias: T
     return population_call(ctx, rule, x)
 
 
-def population_embedding(ctx: PopulationContext, indices: Tensor, weight: Tensor, w_off: int) -> Tensor:
-    """Per individual: rows ``indices`` of ``W + sigma N_i`` (only those rows hashed)."""
+def population_embedding(ctx: PopulationContext, indices: Tensor, weight: Tensor, w_off: int,
+                         rank: int = 0) -> Tensor:
+    """Per individual: rows ``indices`` of ``W + sigma N_i`` (only those rows hashed). ``rank`` > 0: N_i is
+    the low-rank ``sqrt(12/r) A_i @ B_i^T`` of the (num_embeddings, dim) block (docs/lowrank.md), the same
+    noise a head tied to this table sees through the low-rank linear operator."""
     dim = weight.shape[1]
 
     def rule(batched, ib):
         P = ctx.size
         lead = ib.shape[1:] if batched[0] else ib.shape
         flat = ib.reshape(P, -1) if batched[0] else ib.reshape(-1)
-        y = virtual_perturbed_embedding(flat, weight, ctx.seeds, ctx.sigma, w_off, antithetic=ctx.antithetic)
+        if rank:
+            y = _lowrank_embedding(ctx, flat, weight, w_off, rank)
+        else:
+            y = virtual_perturbed_embedding(flat, weight, ctx.seeds, ctx.sigma, w_off, antithetic=ctx.antithetic)
         return y.view(P, *lead, dim)
 
     return population_call(ctx, rule, indices)
+
+
+def _lowrank_embedding(ctx: PopulationContext, flat: Tensor, weight: Tensor, w_off: int, rank: int) -> Tensor:
+    """(P, n, dim): W[idx] + s_i sigma sqrt(12/r) A_i[idx] @ B_i^T from the fused operators. A_i's rows are the
+    (rows, r) block at w_off read through the perturbed gather of a zero table (sigma 1: the noise itself,
+    antithetic signs included); B_i is generated whole (dim x r per seed, small)."""
+    rows, dim = weight.shape
+    zeros = weight.new_zeros(rows, rank, dtype=torch.float32)
+    a = virtual_perturbed_embedding(flat, zeros, ctx.seeds, 1.0, w_off, antithetic=ctx.antithetic)  # (P, n, r)
+    b = generate_noise(ctx.seeds, dim * rank, w_off + rows * rank).view(-1, dim, rank)
+    if ctx.antithetic:
+        b = b.repeat_interleave(2, dim=0)
+    term = torch.bmm(a, b.transpose(1, 2))  # (P, n, dim)
+    base = F.embedding(flat, weight).float()
+    return (base + (ctx.sigma * math.sqrt(12.0 / rank)) * term).to(weight.dtype)
 
 
 def _flatten_population(t: Tensor, batched: bool, P: int, rank: int, lead: int | None) -> Tensor:

@@ -43,8 +43,8 @@ class VirtualPopulation:
         evolve: which parameters are perturbed and updated: None (every parameter with
             requires_grad), a list of names, or a predicate ``(name, param) -> bool``.
             The others take no noise indices and never change.
-        noise: "full" (every element its own noise) or "lowrank": the weights of nn.Linear
-            layers and Hugging Face Conv1D take rank-``rank`` noise ``sqrt(12/r) A @ B^T``
+        noise: "full" (every element its own noise) or "lowrank": the weights of nn.Linear,
+            Hugging Face Conv1D and nn.Embedding take rank-``rank`` noise ``sqrt(12/r) A @ B^T``
             (docs/lowrank.md); every other block, and a weight the rank does not fit
             ((rows + cols) * rank > rows * cols), stays full rank.
         rank: the rank of low-rank noise.
@@ -233,8 +233,8 @@ class VirtualPopulation:
 
 def _noise_ranks(blocks, patches, noise, rank, overrides) -> dict[str, int]:
     """The rank of every low-rank block, by name. Low-rank noise serves the weights of the layers
-    whose fused operator is the linear one (nn.Linear, Hugging Face Conv1D): their whole weight is one
-    (rows, cols) block. Embeddings, convolutions (applied group by group) and nn.MultiheadAttention's
+    whose whole weight is one (rows, cols) block: nn.Linear, Hugging Face Conv1D and nn.Embedding (so a head
+    tied to its embedding takes it too). Convolutions (applied group by group) and nn.MultiheadAttention's
     in-projection (applied in row slices) keep full-rank noise."""
     if noise not in ("full", "lowrank"):
         raise ValueError(f"VirtualPopulation: `noise` must be 'full' or 'lowrank'; got {noise!r}")
@@ -261,7 +261,7 @@ def _noise_ranks(blocks, patches, noise, rank, overrides) -> dict[str, int]:
         if id(b.param) not in eligible or b.param.dim() != 2:
             if b.name in overrides:
                 raise ValueError(f"VirtualPopulation: noise_overrides[{b.name!r}]: low-rank noise serves the weights "
-                                 f"of nn.Linear and Hugging Face Conv1D only")
+                                 f"of nn.Linear, Hugging Face Conv1D and nn.Embedding only")
             continue
         rows, cols = b.param.shape
         if (rows + cols) * want > rows * cols:

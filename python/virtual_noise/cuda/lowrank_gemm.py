@@ -1,0 +1,159 @@
+"""Low-rank forward for per-individual x: the inference GEMM with the rank-r term in its epilogue.
+
+For x of shape (P, T, in) every output row m belongs to individual m // T, and
+
+    y[m] = x[m] @ W^T + b + s_i sigma (c * u[m] @ fout_i^T + nb_i),   u = x @ fin_i (input_factor kernel)
+
+One program computes a (BM rows x BN outputs) tile of the GEMM over all P*T
+rows, as inference does, and before its only store adds the noise term of the
+G individuals its rows span as one more small dot, accumulated into the same
+float32 accumulator:
+
+    U (BM x KQ):  U[m, g*S + q] = s_g sigma c u[m, q]  (q < r),  s_g sigma  (q = r, the bias noise)
+                  where row m belongs to the tile's individual g, else 0
+    F (KQ x BN):  F[g*S + q, n] = fout_g[n, q]  (q < r),  nb_g[n]  (q = r)
+
+with S = r + 1 slots per individual (r without bias) and KQ >= 16 (tl.dot's
+minimum), the unused slots zero. F is hashed once per tile: about (r + 1) / T
+hashes per output element, against the in * 2 flops of the GEMM. Against the
+three-pass form it replaces (cuBLAS base, then a kernel reading and rewriting
+the output), the output is written once and never read back (docs/lowrank.md).
+
+The GEMM's operands are x's dtype (float32 at tf32), accumulated in float32;
+the noise term's operands enter the small dot at tf32 (u and the factor
+values, 11 significant bits), below the 16-bit output's rounding. It serves
+16-bit x, and float32 x when torch's matmul precision allows tf32; float32 at
+"highest" keeps the three-pass form with its float32 cuBLAS GEMM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch_math import cdiv, next_power_of_2
+from .noise_spec import counter_offset, noise_from_counter, seed_key
+
+MAX_KQ = 64  # the widest noise dot: with more individuals x slots per tile, the three-pass form serves
+FUSED_MAX_IN_SHARED_TILES = 1024  # inputs up to which tiles spanning several individuals take this GEMM
+
+
+@triton.jit
+def _lowrank_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, u_ptr, out_ptr, seeds_ptr,
+    rows, in_f, out_f, batch, pop,
+    stride_xp, stride_xb, stride_xk, stride_wn, stride_wk,
+    sigma, scale, fout_offset, b_offset,
+    ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    G: tl.constexpr, KQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NOISE_PRECISION: tl.constexpr,
+):
+    # Grouped order: GROUP_M row tiles share each W column stripe while it is in L2.
+    pid = tl.program_id(0)
+    m_tiles, n_tiles = tl.cdiv(rows, BM), tl.cdiv(out_f, BN)
+    per_group = GROUP_M * n_tiles
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask_m, mask_n = offs_m < rows, offs_n < out_f
+    ind = offs_m // batch  # each row's individual
+    x_rows = x_ptr + ind.to(tl.int64) * stride_xp + (offs_m % batch).to(tl.int64) * stride_xb
+    w_cols = w_ptr + offs_n.to(tl.int64) * stride_wn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, in_f, BK):
+        kk = k0 + tl.arange(0, BK)
+        mask_k = kk < in_f
+        xt = tl.load(x_rows[:, None] + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        wt = tl.load(w_cols[None, :] + kk[:, None] * stride_wk, mask=mask_n[None, :] & mask_k[:, None], other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+
+    S: tl.constexpr = R + 1 if HAS_BIAS else R  # slots per individual
+    ind0 = (pid_m * BM) // batch  # the tile's first individual
+    cols = tl.arange(0, KQ)
+    g, q = cols // S, cols % S
+    slot_ind = ind0 + g
+    live = (g < G) & (slot_ind < pop)
+    if ANTITHETIC:  # individuals 2j and 2j + 1: seed j, +noise and -noise
+        sign = tl.where(slot_ind % 2 == 1, -sigma, sigma)
+    else:
+        sign = tl.full((KQ,), sigma, tl.float32)
+    # U: each row's own individual's slots only; u in float32, (rows, RP), columns >= R unused.
+    mine = (ind[:, None] == slot_ind[None, :]) & live[None, :] & mask_m[:, None]
+    uq = tl.load(u_ptr + offs_m.to(tl.int64)[:, None] * RP + tl.minimum(q, R - 1)[None, :],
+                 mask=mine & (q < R)[None, :], other=0.0)
+    u_blk = tl.where(q[None, :] < R, uq * scale, 1.0) * sign[None, :]
+    u_blk = tl.where(mine, u_blk, 0.0)
+    # F: the tile's individuals' output-factor columns and bias noise, hashed once per tile.
+    key = seed_key(tl.load(seeds_ptr + (slot_ind // 2 if ANTITHETIC else slot_ind), mask=live, other=0))
+    n64 = offs_n.to(tl.int64)
+    e = tl.where(q[:, None] < R, fout_offset + n64[None, :] * R + q[:, None], b_offset + n64[None, :])
+    f_blk = tl.where(live[:, None], noise_from_counter(key[:, None] + counter_offset(e)), 0.0)
+    acc = tl.dot(u_blk, f_blk, acc, input_precision=NOISE_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * out_f + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@functools.lru_cache(maxsize=1024)  # on every call's host path
+def tiles(rows: int, out_f: int, in_f: int, dtype_bytes: int):
+    """(BM, BN, BK, num_warps, num_stages, GROUP_M): static per shape, so results are bit-stable."""
+    bn = 256 if out_f >= 2048 else (128 if out_f >= 128 else max(16, next_power_of_2(out_f)))
+    bk = 64 if dtype_bytes == 2 else 32
+    bk = min(bk, max(16, next_power_of_2(in_f)))
+    bm = 128 if rows >= 128 else max(16, next_power_of_2(rows))
+    warps = 8 if bm * bn >= 128 * 256 else 4
+    return bm, bn, bk, warps, 3, 8
+
+
+def groups_per_tile(batch: int, bm: int) -> int:
+    """Individuals one BM-row tile can span: BM / T when T divides BM, one when BM divides T,
+    else every individual that a tile starting anywhere can touch."""
+    if bm % batch == 0:
+        return bm // batch
+    if batch % bm == 0:
+        return 1
+    return cdiv(bm - 1, batch) + 1
+
+
+def serves(x: torch.Tensor, shared: bool, rank: int, has_bias: bool) -> bool:
+    """Per-individual x whose tiles' noise dot fits MAX_KQ columns; float32 x only where torch's matmul
+    precision is not "highest" (this GEMM has no float32-exact form as fast as cuBLAS's)."""
+    if shared or (x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"):
+        return False
+    bm = tiles(x.shape[0] * x.shape[1], 1 << 30, x.shape[2], x.element_size())[0]
+    g = groups_per_tile(x.shape[1], bm)
+    # Tiles spanning several individuals pay a heavier epilogue; with long K loops cuBLAS's faster GEMM then
+    # wins: at 4096 inputs and T = 16 the three-pass form measured 7% faster, at 768 inputs 14-18% slower
+    # (H100, bf16, P*T = 8192, docs/lowrank.md).
+    if g > 1 and x.shape[2] > FUSED_MAX_IN_SHARED_TILES:
+        return False
+    return g * (rank + has_bias) <= MAX_KQ
+
+
+def forward(x, w_view, bias, u, seeds, sigma, scale, fout_offset, b_offset, rank, antithetic, out, precision,
+            noise_precision):
+    """out (P, T, out_f) = x @ W^T + b + the rank-r noise term, u = x @ fin (P*T, RP float32)."""
+    pop, batch, in_f = x.shape
+    out_f = w_view.shape[0]
+    rows = pop * batch
+    bm, bn, bk, warps, stages, group_m = tiles(rows, out_f, in_f, x.element_size())
+    g = groups_per_tile(batch, bm)
+    kq = max(16, next_power_of_2(g * (rank + (bias is not None))))
+    _lowrank_gemm_kernel[(cdiv(rows, bm) * cdiv(out_f, bn),)](
+        x, w_view, bias if bias is not None else w_view, u, out, seeds,
+        rows, in_f, out_f, batch, pop,
+        x.stride(0), x.stride(1), x.stride(2), w_view.stride(0), w_view.stride(1),
+        float(sigma), scale, fout_offset, b_offset,
+        ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=u.shape[-1], G=g, KQ=kq,
+        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision,
+        NOISE_PRECISION=noise_precision, num_warps=warps, num_stages=stages)
+    return out
