@@ -40,7 +40,7 @@ class ES:
         evolve: which parameters evolve: None (every one with requires_grad), a list
             of names, or a predicate ``(name, param) -> bool``; the others never change.
         noise, rank, noise_overrides: "full" (default) or "lowrank" noise of rank ``rank``
-            for the weights of linear layers, with per-parameter overrides
+            for the weights of linear and embedding layers, with per-parameter overrides
             (``VirtualPopulation``; docs/lowrank.md).
         nonfinite_fitness: "error" (default: a NaN or inf fitness raises) or "worst": such
             individuals rank below every other (their count is in tell()'s statistics).

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--no-antithetic", action="store_true", help="independent noise per individual")
     p.add_argument("--noise", default="full", choices=["full", "lowrank"],
-                   help="full-rank noise, or low-rank (EGGROLL-style) noise on the linear layers' weights")
+                   help="full-rank noise, or low-rank (EGGROLL-style) noise on the weights of linear and embedding layers")
     p.add_argument("--rank", type=int, default=None, help="rank of low-rank noise (default 4 with --noise lowrank)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0, help="one number makes the run reproducible")
