@@ -46,12 +46,14 @@ def _factor_column(key, f_offset, idx, q, R: tl.constexpr):
 @triton.jit
 def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                         BM: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
-    """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero) as a tensor-core dot. v: a seed for shared x,
-    an individual otherwise. Each factor element is hashed once per program: the R columns are hashed as
-    BK-vectors and placed into the (BK x RP) operand by selects, so rank 1 hashes 1 column, not the 16 a dot
-    needs. (The float32 FMA form with a row reduction per column measured ~30 us per unit of rank at
-    P*T = 8192, 4096 inputs, H100: docs/lowrank.md.)"""
+                         BM: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero). v: a seed for shared x, an individual
+    otherwise. Each factor element is hashed once per program: R columns, not the padded RP.
+
+    DOT: a tensor-core dot, the R hashed columns placed into the (BK x RP) operand by selects. Otherwise
+    float32 FMAs with a row reduction per column, for batches under 16 rows, where a dot's 16-row tile
+    would be mostly padding. Measured (H100, docs/lowrank.md): the FMA form cost ~30 us per unit of rank
+    at P*T = 8192 and 4096 inputs; at T = 1 the dot form made the forward 1.7-3.3x slower."""
     v = tl.program_id(0)
     seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
     key = seed_key(tl.load(seeds_ptr + seed_index))
@@ -64,11 +66,18 @@ def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride
         kk = k0 + tl.arange(0, BK)
         mask_k = kk < in_f
         xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        f = tl.zeros((BK, RP), dtype=tl.float32)
-        for q in tl.static_range(R):
-            col = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
-            f = tl.where(cols[None, :] == q, col[:, None], f)
-        acc = tl.dot(xt.to(tl.float32), f, acc, input_precision=PRECISION)
+        xt = xt.to(tl.float32)
+        if DOT:
+            f = tl.zeros((BK, RP), dtype=tl.float32)
+            for q in tl.static_range(R):
+                col = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
+                f = tl.where(cols[None, :] == q, col[:, None], f)
+            acc = tl.dot(xt, f, acc, input_precision=PRECISION)
+        else:
+            for q in tl.static_range(R):
+                col = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
+                part = tl.sum(xt * col[None, :], axis=1)  # (BM,)
+                acc += tl.where(cols[None, :] == q, part[:, None], 0.0)
     tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + cols[None, :], acc, mask=mask_m[:, None])
 
 
@@ -136,51 +145,20 @@ def _roles(rows, cols, r, offset, transposed):
     return (a_off, b_off) if transposed else (b_off, a_off)
 
 
-@triton.jit
-def _input_factor_fma_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
-                         SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                         BM: tl.constexpr, BK: tl.constexpr):
-    """_input_factor_kernel for batches under 16 rows, where a dot's 16-row tile would be mostly padding:
-    float32 FMAs and a row reduction per factor column (at T = 1 the dot form measured 1.7-3.3x slower
-    for the whole forward, H100, docs/lowrank.md)."""
-    v = tl.program_id(0)
-    seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
-    key = seed_key(tl.load(seeds_ptr + seed_index))
-    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
-    mask_m = offs_m < batch
-    x_base = x_ptr + (0 if SHARED else v.to(tl.int64) * stride_xp) + offs_m[:, None] * stride_xb
-    cols = tl.arange(0, RP)
-    acc = tl.zeros((BM, RP), dtype=tl.float32)
-    for k0 in range(0, in_f, BK):
-        kk = k0 + tl.arange(0, BK)
-        mask_k = kk < in_f
-        xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        xt = xt.to(tl.float32)
-        for q in tl.static_range(R):
-            f = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
-            part = tl.sum(xt * f[None, :], axis=1)  # (BM,)
-            acc += tl.where(cols[None, :] == q, part[:, None], 0.0)
-    tl.store(u_ptr + (v.to(tl.int64) * batch + offs_m)[:, None] * RP + cols[None, :], acc, mask=mask_m[:, None])
-
-
 def _input_factor(x, seeds, fin_off, rank, antithetic, shared):
-    """u = x @ fin for every seed (shared x) or individual: (units, batch, RP) float32, RP = max(16,
-    next_pow2(rank)) (a dot's narrowest operand), columns >= rank zero."""
+    """u = x @ fin for every seed (shared x) or individual: (units, batch, RP) float32, columns >= rank zero;
+    RP = next_pow2(rank), at least 16 (a dot's narrowest operand) where the kernel runs a dot."""
     batch, in_f = x.shape[-2], x.shape[-1]
     units = seeds.numel() if shared else x.shape[0]
-    rp = max(16, next_power_of_2(rank))
+    dot = batch >= 16
+    rp = max(16, next_power_of_2(rank)) if dot else next_power_of_2(rank)
     u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
     x3 = x[None] if shared else x
-    args = (x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off)
-    if batch < 16:
-        bm_in = next_power_of_2(batch)
-        _input_factor_fma_kernel[(units, cdiv(batch, bm_in))](
-            *args, SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=128, num_warps=4)
-    else:
-        bm_in = min(64, next_power_of_2(batch))
-        _input_factor_kernel[(units, cdiv(batch, bm_in))](
-            *args, SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=64,
-            PRECISION=noise_dot_precision(x.device), num_warps=4)
+    bm_in = min(64, next_power_of_2(batch)) if dot else next_power_of_2(batch)
+    _input_factor_kernel[(units, cdiv(batch, bm_in))](
+        x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
+        SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=64 if dot else 128, DOT=dot,
+        PRECISION=noise_dot_precision(x.device), num_warps=4)
     return u
 
 
