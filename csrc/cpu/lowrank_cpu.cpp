@@ -62,14 +62,13 @@ at::Tensor lowrank_perturbed_linear(const at::Tensor& x, const at::Tensor& weigh
 
   // x @ W^T + b: once for shared x; per individual otherwise, for a chunk of seeds at a time, so that the
   // float32 tiles of the base take at most kBaseChunkBytes beside the output (fixed tile order either way).
-  const int64_t per_seed = d.shared_x ? 0 : members * n_tiles * prod;
-  const int64_t chunk = d.shared_x ? n_seeds : std::max<int64_t>(1, kBaseChunkBytes / 4 / per_seed);
-  const std::vector<float> shared_base = d.shared_x ? linear_tiles(xp, 1, batch, in, out, wt, bp) : std::vector<float>();
+  const int64_t chunk =
+      d.shared_x ? n_seeds : std::max<int64_t>(1, kBaseChunkBytes / 4 / (members * n_tiles * prod));
   for (int64_t s0 = 0; s0 < n_seeds; s0 += chunk) {
     const int64_t s1 = std::min(n_seeds, s0 + chunk);
-    const std::vector<float> chunk_base =
-        d.shared_x ? std::vector<float>() : linear_tiles(xp + s0 * members * batch * in, (s1 - s0) * members, batch, in, out, wt, bp);
-    const std::vector<float>& base = d.shared_x ? shared_base : chunk_base;
+    const std::vector<float> base =
+        d.shared_x ? linear_tiles(xp, 1, batch, in, out, wt, bp)
+                   : linear_tiles(xp + s0 * members * batch * in, (s1 - s0) * members, batch, in, out, wt, bp);
     at::parallel_for(s0, s1, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> fin(in * r), fout(out * r), nb(out), u(members * batch * r);
       for (int64_t s = begin; s < end; ++s) {

@@ -211,7 +211,6 @@ def _factor_rows(seeds, coef, u0, units, n_rows, rank, f_offset, device):
     return dst
 
 
-
 def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic):
     rows, cols = weight_shape
     device = seeds.device

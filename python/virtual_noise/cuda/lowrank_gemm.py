@@ -114,9 +114,14 @@ def tiles(rows: int, out_f: int, in_f: int, dtype_bytes: int):
     bn = 256 if out_f >= 2048 else (128 if out_f >= 128 else max(16, next_power_of_2(out_f)))
     bk = 64 if dtype_bytes == 2 else 32
     bk = min(bk, max(16, next_power_of_2(in_f)))
-    bm = 128 if rows >= 128 else max(16, next_power_of_2(rows))
+    bm = row_tile(rows)
     warps = 8 if bm * bn >= 128 * 256 else 4
     return bm, bn, bk, warps, 3, 8
+
+
+def row_tile(rows: int) -> int:
+    """BM: the rows of x one program covers."""
+    return 128 if rows >= 128 else max(16, next_power_of_2(rows))
 
 
 def groups_per_tile(batch: int, bm: int) -> int:
@@ -134,8 +139,7 @@ def serves(x: torch.Tensor, shared: bool, rank: int, has_bias: bool) -> bool:
     precision is not "highest" (this GEMM has no float32-exact form as fast as cuBLAS's)."""
     if shared or (x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"):
         return False
-    bm = tiles(x.shape[0] * x.shape[1], 1 << 30, x.shape[2], x.element_size())[0]
-    g = groups_per_tile(x.shape[1], bm)
+    g = groups_per_tile(x.shape[1], row_tile(x.shape[0] * x.shape[1]))
     # Tiles spanning several individuals pay a heavier epilogue; with long K loops cuBLAS's faster GEMM then
     # wins: at 4096 inputs and T = 16 the three-pass form measured 7% faster, at 768 inputs 16-22% slower
     # (H100, bf16, P*T = 8192, docs/lowrank.md).
