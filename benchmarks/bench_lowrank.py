@@ -142,8 +142,10 @@ def main():
         grad = None
         title = "float32, antithetic"
     else:
-        rows, records = forward_rows(device, torch.bfloat16, LAYERS, RANKS, TS, ROWS)
         grad = gradient_row(device)
+        print(f"gradient: {grad['ms']:.3f} ms, {grad['of_gemm']:.0%} of the GEMM ({grad['gemm_ms']:.3f} ms)",
+              flush=True)
+        rows, records = forward_rows(device, torch.bfloat16, LAYERS, RANKS, TS, ROWS)
         title = "bf16, antithetic"
     table = markdown_table(["layer", "P", "T", "rank", "inference ms", "ours ms", "materialized ms", "factored ms",
                             "of inference", "of inference, graphed", "vs materialized", "vs factored"], rows)

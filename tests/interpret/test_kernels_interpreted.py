@@ -139,6 +139,7 @@ def test_perturbed_weights_path(antithetic, transposed, scratch, monkeypatch):
 
     monkeypatch.setattr(pw, "MIN_ROWS", 8)
     monkeypatch.setattr(pw, "SCRATCH_BYTES", scratch)
+    monkeypatch.setattr(pw, "ALIGN_ROWS", 4)  # row blocks of 10 fitting rows: 8 per block, then a short one
     g = torch.Generator().manual_seed(scratch + antithetic + 2 * transposed)
     m, rows, in_f, out_f = 3, 9, 37, 50
     pop = 2 * m if antithetic else m
@@ -148,6 +149,8 @@ def test_perturbed_weights_path(antithetic, transposed, scratch, monkeypatch):
     b = torch.randn(out_f, generator=g)
     y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
     cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic=antithetic, transposed=transposed)
+    ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y, cpu, rtol=1e-5, atol=1e-5)
     assert pw.serves(x, False)
 
@@ -358,9 +361,25 @@ def test_lowrank_fused_gemm(dtype, antithetic, batch, rank, with_bias, monkeypat
     assert calls == [1]
 
 
-def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("batch", [16, 37])
+def test_lowrank_fused_gemm_tma(dtype, transposed, batch, monkeypatch):
+    # The fused GEMM's tiles loaded through tensor descriptors (Hopper): x as (rows, in), W as (out, in) or its
+    # transposed (in, out) storage, rows and inputs past the ends filled with zeros by the copy engine.
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    monkeypatch.setattr(lowrank._gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(lowrank._gemm, "TMA_MIN_FLOPS", 0)
+    calls = []
+    descriptors = lowrank._gemm.tma_descriptors
+    monkeypatch.setattr(lowrank._gemm, "tma_descriptors", lambda *a: calls.append(descriptors(*a)) or calls[-1])
+    _check_lowrank(dtype, False, True, transposed, 2, batch, dims=(72, 88))
+    assert len(calls) == 1 and calls[0] is not None
+
+
+def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True, dims=(70, 90)):
     g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed + 16 * batch)
-    m, in_f, out_f = 3, 70, 90  # several K steps, two output tiles, a partial batch tile
+    m, (in_f, out_f) = 3, dims  # several K steps, two output tiles, a partial batch tile
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)

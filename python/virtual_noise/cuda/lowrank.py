@@ -214,9 +214,9 @@ def _factor_rows(seeds, coef, u0, units, n_rows, rank, f_offset, device):
 def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic):
     rows, cols = weight_shape
     device = seeds.device
-    grad = torch.zeros(rows, cols, dtype=torch.float32, device=device)
-    if grad.numel() == 0 or seeds.numel() == 0:
-        return grad
+    if rows * cols == 0 or seeds.numel() == 0:
+        return torch.zeros(rows, cols, dtype=torch.float32, device=device)
+    grad = torch.empty(rows, cols, dtype=torch.float32, device=device)  # the first chunk's GEMM writes it whole
     f = fitness.to(torch.float64)
     coef = f.view(-1, 2)[:, 0] - f.view(-1, 2)[:, 1] if antithetic else f
     coef = (coef * (math.sqrt(12.0 / rank) / (pop_size * sigma))).to(torch.float32).contiguous()

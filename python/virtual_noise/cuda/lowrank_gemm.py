@@ -21,12 +21,16 @@ the output), the output is written once and never read back (docs/lowrank.md).
 
 The GEMM's operands are x's dtype (float32 at tf32), accumulated in float32;
 the noise term's operands enter the small dot at tf32 (u and the factor
-values, 11 significant bits; u itself is a tf32 dot), below the 16-bit
-output's rounding. It serves 16-bit x, and float32 x when torch's matmul
+values, 11 significant bits; u itself is a tf32 dot), as fine as float16's
+own rounding of terms that size. It serves 16-bit x, and float32 x when torch's matmul
 precision allows tf32 (at "highest" the three-pass form keeps its float32
 cuBLAS GEMM); where the noise dot would pass 64 columns, and for tiles spanning
 several individuals over more than 1024 inputs, the three-pass form serves
 (``serves``, measured).
+
+On Hopper, calls of at least TMA_MIN_FLOPS load the x and W tiles through
+tensor descriptors (TMA) where the strides allow: 4096->11008 at T = 128 ran
+1.37 -> 1.12 ms (docs/lowrank.md).
 """
 
 from __future__ import annotations
@@ -36,23 +40,30 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .device_info import compute_capability
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 MAX_KQ = 64  # the widest noise dot: with more individuals x slots per tile, the three-pass form serves
 FUSED_MAX_IN_SHARED_TILES = 1024  # inputs up to which tiles spanning several individuals take this GEMM
+# Building the descriptors and encoding them at launch adds ~25 us of host time per call: at 768->3072, P*T =
+# 8192 (4e10 flops) the eager call ran 0.123 ms against 0.098-0.109 with pointer loads, though replayed from a
+# graph it was faster (docs/lowrank.md). From 1e11 flops (~0.15 ms of GEMM) the GPU's time hides it.
+TMA_MIN_FLOPS = 1e11
 
 
 @triton.jit
 def _lowrank_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, u_ptr, out_ptr, seeds_ptr,
+    x_ptr, w_ptr, x_desc, w_desc, b_ptr, u_ptr, out_ptr, seeds_ptr,
     rows, in_f, out_f, batch, pop,
     stride_xp, stride_xb, stride_xk, stride_wn, stride_wk,
     sigma, scale, fout_offset, b_offset,
     ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     G: tl.constexpr, KQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NOISE_PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NOISE_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    W_K_INNER: tl.constexpr,
 ):
     # Grouped order: GROUP_M row tiles share each W column stripe while it is in L2.
     pid = tl.program_id(0)
@@ -67,22 +78,32 @@ def _lowrank_gemm_kernel(
     offs_n = pid_n * BN + tl.arange(0, BN)
     mask_m, mask_n = offs_m < rows, offs_n < out_f
     ind = offs_m // batch  # each row's individual
-    x_rows = x_ptr + ind.to(tl.int64) * stride_xp + (offs_m % batch).to(tl.int64) * stride_xb
-    w_cols = w_ptr + offs_n.to(tl.int64) * stride_wn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, in_f, BK):
-        kk = k0 + tl.arange(0, BK)
-        mask_k = kk < in_f
-        xt = tl.load(x_rows[:, None] + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        wt = tl.load(w_cols[None, :] + kk[:, None] * stride_wk, mask=mask_n[None, :] & mask_k[:, None], other=0.0)
-        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-
     S: tl.constexpr = R + 1 if HAS_BIAS else R  # slots per individual
     ind0 = (pid_m * BM) // batch  # the tile's first individual
     cols = tl.arange(0, KQ)
     g, q = cols // S, cols % S
     slot_ind = ind0 + g
     live = (g < G) & (slot_ind < pop)
+
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    x_rows = x_ptr + ind.to(tl.int64) * stride_xp + (offs_m % batch).to(tl.int64) * stride_xb
+    w_cols = w_ptr + offs_n.to(tl.int64) * stride_wn
+    for k0 in range(0, in_f, BK):
+        kk = k0 + tl.arange(0, BK)
+        mask_k = kk < in_f
+        if TMA:  # x as (rows, in) and W through tensor descriptors: the copy engine fills the tiles (zeros past
+            # the ends)
+            xt = x_desc.load([pid_m * BM, k0])
+            if W_K_INNER:  # W (out, in) as nn.Linear keeps it
+                wt = w_desc.load([pid_n * BN, k0]).T
+            else:  # W stored (in, out)
+                wt = w_desc.load([k0, pid_n * BN])
+        else:
+            xt = tl.load(x_rows[:, None] + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :],
+                         other=0.0)
+            wt = tl.load(w_cols[None, :] + kk[:, None] * stride_wk, mask=mask_n[None, :] & mask_k[:, None],
+                         other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
     if ANTITHETIC:  # individuals 2j and 2j + 1: seed j, +noise and -noise
         sign = tl.where(slot_ind % 2 == 1, -sigma, sigma)
     else:
@@ -157,12 +178,39 @@ def forward(x, w_view, bias, u, seeds, sigma, scale, fout_offset, b_offset, rank
     bm, bn, bk, warps, stages, group_m = tiles(rows, out_f, in_f, x.element_size())
     g = groups_per_tile(batch, bm)
     kq = max(16, next_power_of_2(g * (rank + (bias is not None))))
+    descs = tma_descriptors(x, w_view, bm, bn, bk)
     _lowrank_gemm_kernel[(cdiv(rows, bm) * cdiv(out_f, bn),)](
-        x, w_view, bias if bias is not None else w_view, u, out, seeds,
+        x, w_view, *(descs or (None, None)), bias if bias is not None else w_view, u, out, seeds,
         rows, in_f, out_f, batch, pop,
         x.stride(0), x.stride(1), x.stride(2), w_view.stride(0), w_view.stride(1),
         float(sigma), scale, fout_offset, b_offset,
         ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=u.shape[-1], G=g, KQ=kq,
-        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision,
-        NOISE_PRECISION=noise_precision, num_warps=warps, num_stages=stages)
+        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision, NOISE_PRECISION=noise_precision,
+        TMA=descs is not None, W_K_INNER=w_view.stride(1) == 1, num_warps=warps, num_stages=stages)
     return out
+
+
+def tma_descriptors(x, w_view, bm, bn, bk):
+    """(x as (rows, in), W) tensor descriptors where the copy engine can load the tiles (Hopper and later; x's
+    rows evenly strided; unit inner strides and 16-byte aligned bases and strides, TMA's rules), else None."""
+    pop, batch, in_f = x.shape
+    if not _has_tma(x.device) or 2 * pop * batch * in_f * w_view.shape[0] < TMA_MIN_FLOPS:
+        return None
+    size = x.element_size()
+    x_rows_even = pop == 1 or x.stride(0) == batch * x.stride(1)
+    if not (x_rows_even and x.stride(2) == 1 and (x.stride(1) * size) % 16 == 0 and x.data_ptr() % 16 == 0):
+        return None
+    w_inner = 1 if w_view.stride(1) == 1 else (0 if w_view.stride(0) == 1 else None)
+    if w_inner is None or (w_view.stride(1 - w_inner) * size) % 16 or w_view.data_ptr() % 16:
+        return None
+    xd = TensorDescriptor(x, [pop * batch, in_f], [x.stride(1), 1], [bm, bk])
+    if w_inner == 1:  # (out, in)
+        wd = TensorDescriptor(w_view, [w_view.shape[0], in_f], [w_view.stride(0), 1], [bn, bk])
+    else:  # the (in, out) storage of a transposed view
+        wd = TensorDescriptor(w_view, [in_f, w_view.shape[0]], [w_view.stride(1), 1], [bk, bn])
+    return xd, wd
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Tensor-memory-accelerator loads: NVIDIA GPUs of compute capability 9.0 and later."""
+    return device.type == "cuda" and torch.version.hip is None and compute_capability(device)[0] >= 9

@@ -23,6 +23,7 @@ from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 SCRATCH_BYTES = 48 << 20  # the perturbed-weight chunk: with the small per-call tensors, within 64 MiB beside the output
 MIN_ROWS = 256  # rows of x per individual from which this path serves (docs/cuda-kernels.md)
+ALIGN_ROWS = 64  # row blocks of one seed's weights come in multiples of this
 
 
 @triton.jit
@@ -30,11 +31,13 @@ def _perturbed_weight_kernel(w_ptr, out_ptr, seeds_ptr, u0, row0, rows, in_f, st
                              noise_sn, noise_sk, ANTITHETIC: tl.constexpr, BLOCK: tl.constexpr):
     """out[m, r, k] = W[row0 + r, k] + s_m * sigma * noise(seed, offset + (row0 + r) * sn + k * sk)."""
     u = tl.program_id(0)
-    e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    n = rows.to(tl.int64) * in_f
+    # A chunk holds fewer than 2^31 elements (the launcher checks): int32 division, not int64's long software
+    # sequence.
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    n = rows * in_f
     mask = e < n
-    j = row0 + e // in_f
-    k = e % in_f
+    j = (row0 + e // in_f).to(tl.int64)
+    k = (e % in_f).to(tl.int64)
     key = seed_key(tl.load(seeds_ptr + u0 + u))
     nz = sigma * noise_from_counter(key + counter_offset(w_offset + j * noise_sn + k * noise_sk))
     w = tl.load(w_ptr + j * stride_wn + k * stride_wk, mask=mask, other=0.0).to(tl.float32)
@@ -56,8 +59,13 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
     row_bytes = members * in_f * x.element_size()  # one output row of every member of a seed
     if row_bytes * out_f <= SCRATCH_BYTES:  # whole weights, for as many seeds as fit
         units_per_chunk, rows_per_chunk = SCRATCH_BYTES // (row_bytes * out_f), out_f
-    else:  # one seed's weights in row blocks
+    else:  # one seed's weights in row blocks, in whole multiples of ALIGN_ROWS where that many fit: each block's
+        # output columns then start 16-byte aligned, as cuBLAS's fastest kernels need
         units_per_chunk, rows_per_chunk = 1, max(1, SCRATCH_BYTES // row_bytes)
+        if rows_per_chunk >= ALIGN_ROWS:
+            rows_per_chunk -= rows_per_chunk % ALIGN_ROWS
+    if rows_per_chunk * in_f >= 2**31:
+        raise ValueError(f"x: {in_f} input features per row is more than the perturbed-weights path supports")
     sn, sk = (1, out_f) if transposed else (in_f, 1)
     bias_pop = None
     if bias is not None:  # the bias noise, materialized: P x out, small
