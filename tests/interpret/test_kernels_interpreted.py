@@ -377,6 +377,39 @@ def test_lowrank_fused_gemm_tma(dtype, transposed, batch, monkeypatch):
     assert len(calls) == 1 and calls[0] is not None
 
 
+def test_lowrank_tma_descriptor_rules(monkeypatch):
+    # Descriptors only where TMA can load the tiles: evenly strided, non-overlapping x rows, a unit inner
+    # stride and 16-byte strides; anything else keeps pointer loads.
+    gemm = lowrank._gemm
+    monkeypatch.setattr(gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(gemm, "TMA_MIN_FLOPS", 0)
+    x, w = torch.zeros(3, 16, 72, dtype=torch.float16), torch.zeros(88, 72, dtype=torch.float16)
+    assert gemm.tma_descriptors(x, w, 64, 64, 64) is not None
+    assert gemm.tma_descriptors(x, torch.zeros(72, 88, dtype=torch.float16).t(), 64, 64, 64) is not None
+    assert gemm.tma_descriptors(x[:, :, :70], w[:, :70], 64, 64, 64) is not None  # a slice of wider rows
+    assert gemm.tma_descriptors(torch.zeros(3, 16, 70, dtype=torch.float16), w[:, :70], 64, 64, 64) is None  # 140 B
+    assert gemm.tma_descriptors(x[:1].expand(3, 16, 72), w, 64, 64, 64) is None  # individuals share rows
+    assert gemm.tma_descriptors(x[0, :1].expand(3, 16, 72), w, 64, 64, 64) is None  # every row the same
+    assert gemm.tma_descriptors(x[:, ::2], w, 64, 64, 64) is not None  # every other row: still even strides
+    assert gemm.tma_descriptors(x[:, :8], w, 64, 64, 64) is None  # a gap after each individual's rows
+    monkeypatch.setattr(gemm, "TMA_MIN_FLOPS", 1e11)
+    assert gemm.tma_descriptors(x, w, 64, 64, 64) is None  # small calls: the descriptors' host time
+
+
+def test_lowrank_fused_gemm_tma_strided_rows(monkeypatch):
+    # x's rows every other row of a larger tensor, read through the descriptor's row stride.
+    monkeypatch.setattr(lowrank._gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(lowrank._gemm, "TMA_MIN_FLOPS", 0)
+    g = torch.Generator().manual_seed(5)
+    s = seeds_for(2, g)
+    x = torch.randn(4, 2 * 37, 72, generator=g).half()[:, ::2]
+    w, b = torch.randn(88, 72, generator=g).half(), torch.randn(88, generator=g).half()
+    assert lowrank._gemm.tma_descriptors(x, w, 128, 128, 64) is not None
+    y = lowrank.lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33, 2, True, False)
+    ref = lowrank_perturbed_linear_ref(x, w, b, s, 0.3, 2**33, 2, True, False)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2 * 72**0.5)
+
+
 def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True, dims=(70, 90)):
     g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed + 16 * batch)
     m, (in_f, out_f) = 3, dims  # several K steps, two output tiles, a partial batch tile

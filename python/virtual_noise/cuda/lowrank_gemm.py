@@ -197,11 +197,13 @@ def tma_descriptors(x, w_view, bm, bn, bk):
     if not _has_tma(x.device) or 2 * pop * batch * in_f * w_view.shape[0] < TMA_MIN_FLOPS:
         return None
     size = x.element_size()
-    x_rows_even = pop == 1 or x.stride(0) == batch * x.stride(1)
+    x_rows_even = x.stride(1) >= in_f and (pop == 1 or x.stride(0) == batch * x.stride(1))  # expanded x: pointers
     if not (x_rows_even and x.stride(2) == 1 and (x.stride(1) * size) % 16 == 0 and x.data_ptr() % 16 == 0):
         return None
     w_inner = 1 if w_view.stride(1) == 1 else (0 if w_view.stride(0) == 1 else None)
-    if w_inner is None or (w_view.stride(1 - w_inner) * size) % 16 or w_view.data_ptr() % 16:
+    if w_inner is None or w_view.stride(1 - w_inner) < w_view.shape[w_inner] or w_view.data_ptr() % 16:
+        return None
+    if (w_view.stride(1 - w_inner) * size) % 16:
         return None
     xd = TensorDescriptor(x, [pop * batch, in_f], [x.stride(1), 1], [bm, bk])
     if w_inner == 1:  # (out, in)
