@@ -607,7 +607,7 @@ def test_lowrank_fused_gemm_tma(dtype, transposed, batch, monkeypatch):
     # past the ends zero-filled by the copy engine (304 inputs: 16-byte rows in every dtype).
     from virtual_noise.cuda import lowrank_gemm
 
-    if not lowrank_gemm._has_tma(torch.device("cuda")):
+    if not lowrank_gemm.supports_tma(torch.device("cuda")):
         pytest.skip("tensor descriptors need compute capability 9.0")
     monkeypatch.setattr(lowrank_gemm, "TMA_MIN_FLOPS", 0)
     taken = []

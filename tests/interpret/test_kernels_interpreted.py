@@ -368,7 +368,7 @@ def test_lowrank_fused_gemm_tma(dtype, transposed, batch, monkeypatch):
     # The fused GEMM's tiles loaded through tensor descriptors (Hopper): x as (rows, in), W as (out, in) or its
     # transposed (in, out) storage, rows and inputs past the ends filled with zeros by the copy engine.
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
-    monkeypatch.setattr(lowrank._gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(lowrank._gemm, "supports_tma", lambda device: True)
     monkeypatch.setattr(lowrank._gemm, "TMA_MIN_FLOPS", 0)
     calls = []
     descriptors = lowrank._gemm.tma_descriptors
@@ -381,7 +381,7 @@ def test_lowrank_tma_descriptor_rules(monkeypatch):
     # Descriptors only where TMA can load the tiles: evenly strided, non-overlapping x rows, a unit inner
     # stride and 16-byte strides; anything else keeps pointer loads.
     gemm = lowrank._gemm
-    monkeypatch.setattr(gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(gemm, "supports_tma", lambda device: True)
     monkeypatch.setattr(gemm, "TMA_MIN_FLOPS", 0)
     x, w = torch.zeros(3, 16, 72, dtype=torch.float16), torch.zeros(88, 72, dtype=torch.float16)
     assert gemm.tma_descriptors(x, w, 64, 64, 64) is not None
@@ -398,7 +398,7 @@ def test_lowrank_tma_descriptor_rules(monkeypatch):
 
 def test_lowrank_fused_gemm_tma_strided_rows(monkeypatch):
     # x's rows every other row of a larger tensor, read through the descriptor's row stride.
-    monkeypatch.setattr(lowrank._gemm, "_has_tma", lambda device: True)
+    monkeypatch.setattr(lowrank._gemm, "supports_tma", lambda device: True)
     monkeypatch.setattr(lowrank._gemm, "TMA_MIN_FLOPS", 0)
     g = torch.Generator().manual_seed(5)
     s = seeds_for(2, g)

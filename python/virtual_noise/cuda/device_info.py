@@ -41,9 +41,18 @@ def compute_capability(device: torch.device) -> tuple[int, int]:
     return props.major, props.minor
 
 
+def _nvidia_sm90_or_later(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None and compute_capability(device)[0] >= 9
+
+
 def supports_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch (griddepcontrol): NVIDIA GPUs of compute capability 9.0 and later."""
-    return device.type == "cuda" and torch.version.hip is None and compute_capability(device)[0] >= 9
+    return _nvidia_sm90_or_later(device)
+
+
+def supports_tma(device: torch.device) -> bool:
+    """Tensor-memory-accelerator loads (tensor descriptors): NVIDIA GPUs of compute capability 9.0 and later."""
+    return _nvidia_sm90_or_later(device)
 
 
 def fp32_dot_precision(device: torch.device) -> str:

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .device_info import compute_capability
+from .device_info import supports_tma
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
@@ -89,8 +89,6 @@ def _lowrank_gemm_kernel(
     x_rows = x_ptr + ind.to(tl.int64) * stride_xp + (offs_m % batch).to(tl.int64) * stride_xb
     w_cols = w_ptr + offs_n.to(tl.int64) * stride_wn
     for k0 in range(0, in_f, BK):
-        kk = k0 + tl.arange(0, BK)
-        mask_k = kk < in_f
         if TMA:  # x as (rows, in) and W through tensor descriptors: the copy engine fills the tiles (zeros past
             # the ends)
             xt = x_desc.load([pid_m * BM, k0])
@@ -99,6 +97,8 @@ def _lowrank_gemm_kernel(
             else:  # W stored (in, out)
                 wt = w_desc.load([k0, pid_n * BN])
         else:
+            kk = k0 + tl.arange(0, BK)
+            mask_k = kk < in_f
             xt = tl.load(x_rows[:, None] + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :],
                          other=0.0)
             wt = tl.load(w_cols[None, :] + kk[:, None] * stride_wk, mask=mask_n[None, :] & mask_k[:, None],
@@ -194,16 +194,17 @@ def tma_descriptors(x, w_view, bm, bn, bk):
     """(x as (rows, in), W) tensor descriptors where the copy engine can load the tiles (Hopper and later; x's
     rows evenly strided; unit inner strides and 16-byte aligned bases and strides, TMA's rules), else None."""
     pop, batch, in_f = x.shape
-    if not _has_tma(x.device) or 2 * pop * batch * in_f * w_view.shape[0] < TMA_MIN_FLOPS:
+    if not supports_tma(x.device) or 2 * pop * batch * in_f * w_view.shape[0] < TMA_MIN_FLOPS:
         return None
     size = x.element_size()
     x_rows_even = x.stride(1) >= in_f and (pop == 1 or x.stride(0) == batch * x.stride(1))  # expanded x: pointers
     if not (x_rows_even and x.stride(2) == 1 and (x.stride(1) * size) % 16 == 0 and x.data_ptr() % 16 == 0):
         return None
     w_inner = 1 if w_view.stride(1) == 1 else (0 if w_view.stride(0) == 1 else None)
-    if w_inner is None or w_view.stride(1 - w_inner) < w_view.shape[w_inner] or w_view.data_ptr() % 16:
+    if w_inner is None:
         return None
-    if (w_view.stride(1 - w_inner) * size) % 16:
+    w_outer_stride = w_view.stride(1 - w_inner)
+    if w_outer_stride < w_view.shape[w_inner] or (w_outer_stride * size) % 16 or w_view.data_ptr() % 16:
         return None
     xd = TensorDescriptor(x, [pop * batch, in_f], [x.stride(1), 1], [bm, bk])
     if w_inner == 1:  # (out, in)
@@ -211,8 +212,3 @@ def tma_descriptors(x, w_view, bm, bn, bk):
     else:  # the (in, out) storage of a transposed view
         wd = TensorDescriptor(w_view, [in_f, w_view.shape[0]], [w_view.stride(1), 1], [bk, bn])
     return xd, wd
-
-
-def _has_tma(device: torch.device) -> bool:
-    """Tensor-memory-accelerator loads: NVIDIA GPUs of compute capability 9.0 and later."""
-    return device.type == "cuda" and torch.version.hip is None and compute_capability(device)[0] >= 9
