@@ -95,6 +95,33 @@ def test_perturbed_linear_transposed(dtype, shared, antithetic, batch):
     torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
 
 
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("scratch_rows", [64, 130, 400])
+def test_perturbed_weights_blocks(antithetic, transposed, scratch_rows, monkeypatch):
+    """The perturbed-weights path (T >= 256) in several scratch blocks: against float64, run to run, and replayed
+    from a CUDA graph, bit for bit.
+    Scratch of 64 rows: blocks of 64 rows of one seed's weight (200 rows); 130: 128 and 72 rows (multiples
+    of 64); 400: whole weights of two seeds."""
+    from virtual_noise.cuda import perturbed_weights
+
+    g = torch.Generator().manual_seed(11 + antithetic + 2 * transposed + scratch_rows)
+    m, batch, in_f, out_f = 5, 260, 96, 200
+    pop = 2 * m if antithetic else m
+    monkeypatch.setattr(perturbed_weights, "SCRATCH_BYTES", scratch_rows * (pop // m) * in_f * 2)
+    s = seeds_for(m, g)
+    x = torch.randn(pop, batch, in_f, generator=g).bfloat16()
+    w = (torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)).bfloat16()
+    b = torch.randn(out_f, generator=g).bfloat16()
+    args = (x.cuda(), w.cuda(), b.cuda(), s.cuda(), 0.3, 2**33)
+    call = lambda: vn.virtual_perturbed_linear(*args, antithetic=antithetic, transposed=transposed)  # noqa: E731
+    y = call()
+    ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**33, antithetic, transposed)
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=2e-2, atol=2e-2 * in_f**0.5)
+    assert torch.equal(call(), y)
+    assert torch.equal(_graph_replay(call), y)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("antithetic", [False, True])
@@ -590,7 +617,7 @@ def test_es_training_on_cuda(tmp_path):
 @pytest.mark.parametrize("batch,matmul_precision", [(130, "highest"), (130, "high"), (16, "high")])
 def test_lowrank_vs_reference_and_cpu(dtype, shared, antithetic, rank, transposed, batch, matmul_precision):
     # "high" takes the fused GEMM (lowrank_gemm.py) for per-individual x, also float32; T = 16 puts
-    # several individuals in one row tile (and rank 16 back on the three-pass form).
+    # several individuals in one row tile (at rank 16, 8 x 17 slot columns: the noise dot in chunks).
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(matmul_precision)
     try:

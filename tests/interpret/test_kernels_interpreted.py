@@ -348,16 +348,18 @@ def test_lowrank_perturbed_linear(dtype, shared, antithetic, transposed, rank):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("antithetic", [False, True])
-@pytest.mark.parametrize("batch,rank,with_bias", [(37, 3, True), (4, 1, True), (16, 4, False), (200, 2, True)])
+@pytest.mark.parametrize("batch,rank,with_bias", [(37, 3, True), (4, 1, True), (16, 4, False), (200, 2, True),
+                                                   (1, 3, True), (4, 5, False)])
 def test_lowrank_fused_gemm(dtype, antithetic, batch, rank, with_bias, monkeypatch):
     # The GEMM with the rank-r term in its epilogue (lowrank_gemm.py): rows of one tile spanning several
     # individuals (T = 4, 16, 37: aligned and not), one individual over several tiles (T = 200), float32
-    # at tf32 ("high"), without bias.
+    # at tf32 ("high"), without bias; 12 seeds at T = 1 and 4 put the noise dot in several chunks of slot
+    # columns (T = 1, antithetic: 24 individuals x 4 slots in one tile).
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     calls = []
     forward = lowrank._gemm.forward
     monkeypatch.setattr(lowrank._gemm, "forward", lambda *a: calls.append(1) or forward(*a))
-    _check_lowrank(dtype, False, antithetic, False, rank, batch, with_bias)
+    _check_lowrank(dtype, False, antithetic, False, rank, batch, with_bias, seeds=12 if batch < 16 else 3)
     assert calls == [1]
 
 
@@ -410,9 +412,9 @@ def test_lowrank_fused_gemm_tma_strided_rows(monkeypatch):
     torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2 * 72**0.5)
 
 
-def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True, dims=(70, 90)):
+def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias=True, dims=(70, 90), seeds=3):
     g = torch.Generator().manual_seed(rank + 2 * shared + 4 * antithetic + 8 * transposed + 16 * batch)
-    m, (in_f, out_f) = 3, dims  # several K steps, two output tiles, a partial batch tile
+    m, (in_f, out_f) = seeds, dims  # several K steps, two output tiles, a partial batch tile
     pop = 2 * m if antithetic else m
     s = seeds_for(m, g)
     x = torch.randn((batch, in_f) if shared else (pop, batch, in_f), generator=g).to(dtype)

@@ -12,7 +12,7 @@ stored (out, in) the input factor is B and the output factor A (stored
 x r, float32). For per-individual x the rest is one GEMM over all P*T rows
 whose epilogue adds the rank-r product and the bias noise (lowrank_gemm.py).
 Otherwise (shared x; per-individual float32 x at "highest"; a row tile
-spanning more individuals than its noise dot holds: T < 16 at rank 4) the base
+spanning more individuals than its noise dot holds: T = 1, T < 4 at rank 4) the base
 comes from cuBLAS and ``_output_factor_kernel`` hashes fout_i per output tile
 and adds the noise term into the output with float32 FMAs over exactly r
 columns. The gradient is GEMMs over the generated factors, a bounded chunk of
@@ -28,13 +28,16 @@ import triton
 import triton.language as tl
 
 from . import lowrank_gemm as _gemm
-from .device_info import fp32_dot_precision, noise_dot_precision
+from .device_info import fp32_dot_precision, noise_dot_precision, supports_pdl
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 from .perturbed_linear import _cublas_base
 
 SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds (at least; see lowrank_weight_gradient)
 CHUNK_OF_RESULT = 3  # gradient: a chunk's factors may take up to 3 times the float32 result's bytes
+# Rows of x per program of the input-factor kernel's dot form: 16 measured slower (768->3072 T = 128 0.090 ->
+# 0.097 ms, 4096->11008 1.01 -> 1.18; H200, docs/lowrank.md).
+INPUT_FACTOR_ROWS = 64
 
 
 @triton.jit
@@ -46,14 +49,20 @@ def _factor_column(key, f_offset, idx, q, R: tl.constexpr):
 @triton.jit
 def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                         BM: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+                         BM: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                         GDC_LAUNCH: tl.constexpr):
     """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero). v: a seed for shared x, an individual
     otherwise. Each factor element is hashed once per program: R columns, not the padded RP.
 
     DOT: a tensor-core dot, the R hashed columns placed into the (BK x RP) operand by selects. Otherwise
     float32 FMAs with a row reduction per column, for batches under 16 rows, where a dot's 16-row tile
     would be mostly padding. Measured (H100, docs/lowrank.md): the FMA form cost ~30 us per unit of rank
-    at P*T = 8192 and 4096 inputs; at T = 1 the dot form made the forward 1.7-3.3x slower."""
+    at P*T = 8192 and 4096 inputs; at T = 1 the dot form made the forward 1.7-3.3x slower.
+
+    GDC_LAUNCH: the fused GEMM that reads u is launched programmatically dependent (PDL); allowing it at once
+    lets its K loops run beside this kernel, and it waits for u only before its epilogue."""
+    if GDC_LAUNCH:
+        tl.extra.cuda.gdc_launch_dependents()
     v = tl.program_id(0)
     seed_index = v if SHARED else (v // 2 if ANTITHETIC else v)
     key = seed_key(tl.load(seeds_ptr + seed_index))
@@ -139,26 +148,44 @@ def _factor_rows_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, n_rows, f_offset, R: t
     tl.store(dst_ptr + row.to(tl.int64) * n_rows + j, val, mask=mask)
 
 
+@triton.jit
+def _factor_kmajor_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, width, n_rows, f_offset, R: tl.constexpr,
+                          HAS_COEF: tl.constexpr, BJ: tl.constexpr, BC: tl.constexpr):
+    """dst[j, v*R + q] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): seeds u0.. 's factors side by side
+    as one (n_rows, width = units * R) row-major matrix, the layout tf32 tensor-core GEMMs read fastest (K-major).
+    A row's R columns of one seed are R consecutive counters and R consecutive addresses."""
+    j = tl.program_id(0) * BJ + tl.arange(0, BJ)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    mask_c = c < width
+    v, q = c // R, c % R
+    key = seed_key(tl.load(seeds_ptr + u0 + v, mask=mask_c, other=0))
+    val = noise_from_counter(key[None, :] + counter_offset(f_offset + j.to(tl.int64)[:, None] * R + q[None, :]))
+    if HAS_COEF:
+        val = val * tl.load(coef_ptr + u0 + v, mask=mask_c, other=0.0)[None, :]
+    tl.store(dst_ptr + j.to(tl.int64)[:, None] * width + c[None, :], val, mask=(j < n_rows)[:, None] & mask_c[None, :])
+
+
 def _roles(rows, cols, r, offset, transposed):
     """(fin offset, fout offset): the factor applied to x's inputs and the one over the outputs."""
     a_off, b_off = offset, offset + rows * r
     return (a_off, b_off) if transposed else (b_off, a_off)
 
 
-def _input_factor(x, seeds, fin_off, rank, antithetic, shared):
+def _input_factor(x, seeds, fin_off, rank, antithetic, shared, pdl=False):
     """u = x @ fin for every seed (shared x) or individual: (units, batch, RP) float32, columns >= rank zero;
-    RP = next_pow2(rank), at least 16 (a dot's narrowest operand) where the kernel runs a dot."""
+    RP = next_pow2(rank), at least 16 (a dot's narrowest operand) where the kernel runs a dot. pdl: the next
+    launch may start at once (it waits for u itself)."""
     batch, in_f = x.shape[-2], x.shape[-1]
     units = seeds.numel() if shared else x.shape[0]
     dot = batch >= 16
     rp = max(16, next_power_of_2(rank)) if dot else next_power_of_2(rank)
     u = torch.empty(units, batch, rp, dtype=torch.float32, device=x.device)
     x3 = x[None] if shared else x
-    bm_in = min(64, next_power_of_2(batch)) if dot else next_power_of_2(batch)
+    bm_in = min(INPUT_FACTOR_ROWS, next_power_of_2(batch)) if dot else next_power_of_2(batch)
     _input_factor_kernel[(units, cdiv(batch, bm_in))](
         x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
         SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=64 if dot else 128, DOT=dot,
-        PRECISION=noise_dot_precision(x.device), num_warps=4)
+        PRECISION=noise_dot_precision(x.device), GDC_LAUNCH=pdl, num_warps=4)
     return u
 
 
@@ -174,11 +201,13 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
     seeds = seeds.to(torch.int64).contiguous()
     fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
     scale, b_off = math.sqrt(12.0 / rank), offset + rows * cols
-    u = _input_factor(x, seeds, fin_off, rank, antithetic, shared)
-    if _gemm.serves(x, shared, rank, bias is not None):  # one GEMM, the noise term in its epilogue
+    fused = _gemm.serves(x, shared, rank, bias is not None)
+    pdl = fused and supports_pdl(x.device)  # the GEMM's K loops start while u is formed (docs/lowrank.md)
+    u = _input_factor(x, seeds, fin_off, rank, antithetic, shared, pdl)
+    if fused:  # one GEMM, the noise term in its epilogue
         w_view = weight.t() if transposed else weight
         return _gemm.forward(x, w_view, bias, u.view(-1, u.shape[-1]), seeds, sigma, scale, fout_off, b_off, rank,
-                             antithetic, out, fp32_dot_precision(x.device), noise_dot_precision(x.device))
+                             antithetic, out, fp32_dot_precision(x.device), noise_dot_precision(x.device), pdl)
     # x @ W^T + b, the inference GEMM: once for shared x, over all P * batch rows otherwise.
     if shared:
         base, stride_bp, stride_bb = _cublas_base(x, weight, bias, transposed=transposed), 0, out_f
@@ -200,6 +229,16 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
         scale, fout_off, b_off, SHARED=shared, ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank,
         RP=u.shape[-1], BM=bm, BN=bn, num_warps=4)
     return out
+
+
+def _factor_kmajor(seeds, coef, u0, units, n_rows, rank, f_offset, device):
+    width = units * rank
+    dst = torch.empty(n_rows, width, dtype=torch.float32, device=device)
+    bj, bc = 32, 64
+    _factor_kmajor_kernel[(cdiv(n_rows, bj), cdiv(width, bc))](
+        seeds, coef if coef is not None else seeds, dst, u0, width, n_rows, f_offset, R=rank,
+        HAS_COEF=coef is not None, BJ=bj, BC=bc, num_warps=4)
+    return dst
 
 
 def _factor_rows(seeds, coef, u0, units, n_rows, rank, f_offset, device):
@@ -229,8 +268,11 @@ def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offse
     chunk = max(1, max(SCRATCH_BYTES, CHUNK_OF_RESULT * grad.numel() * 4) // per_seed)
     for u0 in range(0, seeds.numel(), chunk):  # a fixed order of chunks: deterministic sums
         units = min(chunk, seeds.numel() - u0)
-        a = _factor_rows(seeds, coef, u0, units, rows, rank, offset, device).t()  # (rows, units * r)
-        b = _factor_rows(seeds, None, u0, units, cols, rank, offset + rows * rank, device)
+        # Both operands K-major, (rows, units * r) @ (cols, units * r)^T: the layout tf32 tensor-core GEMMs read
+        # directly (2.96 -> 2.04 ms at P=4096 4096x11008 r=4 against (units * r, rows)^T @ (units * r, cols);
+        # H200, docs/lowrank.md).
+        a = _factor_kmajor(seeds, coef, u0, units, rows, rank, offset, device)
+        b = _factor_kmajor(seeds, None, u0, units, cols, rank, offset + rows * rank, device).t()
         if u0 == 0:
             torch.mm(a, b, out=grad)
         else:

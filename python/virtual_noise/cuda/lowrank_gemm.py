@@ -24,9 +24,10 @@ the noise term's operands enter the small dot at tf32 (u and the factor
 values, 11 significant bits; u itself is a tf32 dot), as fine as float16's
 own rounding of terms that size. It serves 16-bit x, and float32 x when torch's matmul
 precision allows tf32 (at "highest" the three-pass form keeps its float32
-cuBLAS GEMM); where the noise dot would pass 64 columns, and for tiles spanning
-several individuals over more than 1024 inputs, the three-pass form serves
-(``serves``, measured).
+cuBLAS GEMM). The noise dot runs in chunks of KQ_CHUNK columns; where it would
+pass MAX_SLOTS columns (T = 1; T < 4 at rank 4) the three-pass form serves
+(``serves``, measured). The GEMM is launched programmatically dependent (PDL)
+on the kernel that forms u and waits for it only before the noise dot.
 
 On Hopper, calls of at least TMA_MIN_FLOPS load the x and W tiles through
 tensor descriptors (TMA) where the strides allow: 4096->11008 at T = 128 ran
@@ -46,12 +47,44 @@ from .device_info import supports_tma
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
-MAX_KQ = 64  # the widest noise dot: with more individuals x slots per tile, the three-pass form serves
-FUSED_MAX_IN_SHARED_TILES = 1024  # inputs up to which tiles spanning several individuals take this GEMM
+# The noise dot's chunks of slot columns, and the most columns for which this GEMM serves: at 768->3072, T = 16,
+# rank 16 (136 columns) chunks of 32 made the call 0.530 -> 0.448 ms against the three-pass form (chunks of 64:
+# 0.560); at T = 1, rank 1 (256 columns) the fused call was 1.5-1.8x slower (H200, docs/lowrank.md).
+KQ_CHUNK = 32
+MAX_SLOTS = 160
 # Building the descriptors and encoding them at launch adds ~25 us of host time per call: at 768->3072, P*T =
 # 8192 (4e10 flops) the eager call ran 0.123 ms against 0.098-0.109 with pointer loads, though replayed from a
 # graph it was faster (docs/lowrank.md). From 1e11 flops (~0.15 ms of GEMM) the GPU's time hides it.
 TMA_MIN_FLOPS = 1e11
+
+
+@triton.jit
+def _noise_chunk(acc, c0, u_ptr, seeds_ptr, offs_m, offs_n, ind, mask_m, ind0, pop, sigma, scale, fout_offset,
+                 b_offset, ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                 G: tl.constexpr, KQ: tl.constexpr, NOISE_PRECISION: tl.constexpr):
+    """acc + U[:, c0:c0+KQ] @ F[c0:c0+KQ, :] (module docstring): slot columns c0.. of the tile's G individuals
+    (ind0 the first), S = r + 1 slots each (r without bias)."""
+    S: tl.constexpr = R + 1 if HAS_BIAS else R
+    cols = c0 + tl.arange(0, KQ)
+    g, q = cols // S, cols % S
+    slot_ind = ind0 + g
+    live = (g < G) & (slot_ind < pop)
+    if ANTITHETIC:  # individuals 2j and 2j + 1: seed j, +noise and -noise
+        sign = tl.where(slot_ind % 2 == 1, -sigma, sigma)
+    else:
+        sign = tl.full((KQ,), sigma, tl.float32)
+    # U: each row's own individual's slots only; u in float32, (rows, RP), columns >= R unused.
+    mine = (ind[:, None] == slot_ind[None, :]) & live[None, :] & mask_m[:, None]
+    uq = tl.load(u_ptr + offs_m.to(tl.int64)[:, None] * RP + tl.minimum(q, R - 1)[None, :],
+                 mask=mine & (q < R)[None, :], other=0.0)
+    u_blk = tl.where(q[None, :] < R, uq * scale, 1.0) * sign[None, :]
+    u_blk = tl.where(mine, u_blk, 0.0)
+    # F: the individuals' output-factor columns and bias noise, hashed once per tile.
+    key = seed_key(tl.load(seeds_ptr + (slot_ind // 2 if ANTITHETIC else slot_ind), mask=live, other=0))
+    n64 = offs_n.to(tl.int64)
+    e = tl.where(q[:, None] < R, fout_offset + n64[None, :] * R + q[:, None], b_offset + n64[None, :])
+    f_blk = tl.where(live[:, None], noise_from_counter(key[:, None] + counter_offset(e)), 0.0)
+    return tl.dot(u_blk, f_blk, acc, input_precision=NOISE_PRECISION)
 
 
 @triton.jit
@@ -61,9 +94,9 @@ def _lowrank_gemm_kernel(
     stride_xp, stride_xb, stride_xk, stride_wn, stride_wk,
     sigma, scale, fout_offset, b_offset,
     ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    G: tl.constexpr, KQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    G: tl.constexpr, KQ: tl.constexpr, NQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NOISE_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    W_K_INNER: tl.constexpr,
+    W_K_INNER: tl.constexpr, GDC_WAIT: tl.constexpr,
 ):
     # Grouped order: GROUP_M row tiles share each W column stripe while it is in L2.
     pid = tl.program_id(0)
@@ -78,12 +111,6 @@ def _lowrank_gemm_kernel(
     offs_n = pid_n * BN + tl.arange(0, BN)
     mask_m, mask_n = offs_m < rows, offs_n < out_f
     ind = offs_m // batch  # each row's individual
-    S: tl.constexpr = R + 1 if HAS_BIAS else R  # slots per individual
-    ind0 = (pid_m * BM) // batch  # the tile's first individual
-    cols = tl.arange(0, KQ)
-    g, q = cols // S, cols % S
-    slot_ind = ind0 + g
-    live = (g < G) & (slot_ind < pop)
 
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     x_rows = x_ptr + ind.to(tl.int64) * stride_xp + (offs_m % batch).to(tl.int64) * stride_xb
@@ -104,22 +131,11 @@ def _lowrank_gemm_kernel(
             wt = tl.load(w_cols[None, :] + kk[:, None] * stride_wk, mask=mask_n[None, :] & mask_k[:, None],
                          other=0.0)
         acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    if ANTITHETIC:  # individuals 2j and 2j + 1: seed j, +noise and -noise
-        sign = tl.where(slot_ind % 2 == 1, -sigma, sigma)
-    else:
-        sign = tl.full((KQ,), sigma, tl.float32)
-    # U: each row's own individual's slots only; u in float32, (rows, RP), columns >= R unused.
-    mine = (ind[:, None] == slot_ind[None, :]) & live[None, :] & mask_m[:, None]
-    uq = tl.load(u_ptr + offs_m.to(tl.int64)[:, None] * RP + tl.minimum(q, R - 1)[None, :],
-                 mask=mine & (q < R)[None, :], other=0.0)
-    u_blk = tl.where(q[None, :] < R, uq * scale, 1.0) * sign[None, :]
-    u_blk = tl.where(mine, u_blk, 0.0)
-    # F: the tile's individuals' output-factor columns and bias noise, hashed once per tile.
-    key = seed_key(tl.load(seeds_ptr + (slot_ind // 2 if ANTITHETIC else slot_ind), mask=live, other=0))
-    n64 = offs_n.to(tl.int64)
-    e = tl.where(q[:, None] < R, fout_offset + n64[None, :] * R + q[:, None], b_offset + n64[None, :])
-    f_blk = tl.where(live[:, None], noise_from_counter(key[:, None] + counter_offset(e)), 0.0)
-    acc = tl.dot(u_blk, f_blk, acc, input_precision=NOISE_PRECISION)
+    if GDC_WAIT:  # launched while the input-factor kernel may still run (PDL): u complete and visible from here
+        tl.extra.cuda.gdc_wait()
+    for c in tl.static_range(NQ):  # the noise dot in chunks of KQ slot columns, a fixed order
+        acc = _noise_chunk(acc, c * KQ, u_ptr, seeds_ptr, offs_m, offs_n, ind, mask_m, pid_m * BM // batch, pop,
+                           sigma, scale, fout_offset, b_offset, ANTITHETIC, HAS_BIAS, R, RP, G, KQ, NOISE_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -156,37 +172,35 @@ def groups_per_tile(batch: int, bm: int) -> int:
 
 
 def serves(x: torch.Tensor, shared: bool, rank: int, has_bias: bool) -> bool:
-    """Per-individual x whose tiles' noise dot fits MAX_KQ columns; float32 x only where torch's matmul
+    """Per-individual x whose tiles' noise dot has at most MAX_SLOTS columns; float32 x only where torch's matmul
     precision is not "highest" (this GEMM has no float32-exact form as fast as cuBLAS's)."""
     if shared or (x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"):
         return False
     g = groups_per_tile(x.shape[1], row_tile(x.shape[0] * x.shape[1]))
-    # Tiles spanning several individuals pay a heavier epilogue; with long K loops cuBLAS's faster GEMM then
-    # wins: at 4096 inputs and T = 16 the three-pass form measured 7% faster, at 768 inputs 16-22% slower
-    # (H100, bf16, P*T = 8192, docs/lowrank.md).
-    if g > 1 and x.shape[2] > FUSED_MAX_IN_SHARED_TILES:
-        return False
-    return g * (rank + has_bias) <= MAX_KQ
+    return g * (rank + has_bias) <= MAX_SLOTS
 
 
 def forward(x, w_view, bias, u, seeds, sigma, scale, fout_offset, b_offset, rank, antithetic, out, precision,
-            noise_precision):
-    """out (P, T, out_f) = x @ W^T + b + the rank-r noise term, u = x @ fin (P*T, RP float32)."""
+            noise_precision, pdl=False):
+    """out (P, T, out_f) = x @ W^T + b + the rank-r noise term, u = x @ fin (P*T, RP float32). pdl: launched
+    programmatically dependent on the kernel that writes u, which it waits for before its epilogue."""
     pop, batch, in_f = x.shape
     out_f = w_view.shape[0]
     rows = pop * batch
     bm, bn, bk, warps, stages, group_m = tiles(rows, out_f, in_f, x.element_size())
     g = groups_per_tile(batch, bm)
-    kq = max(16, next_power_of_2(g * (rank + (bias is not None))))
+    slots = g * (rank + (bias is not None))
+    kq = min(KQ_CHUNK, max(16, next_power_of_2(slots)))  # tl.dot's narrowest operand is 16
     descs = tma_descriptors(x, w_view, bm, bn, bk)
     _lowrank_gemm_kernel[(cdiv(rows, bm) * cdiv(out_f, bn),)](
         x, w_view, *(descs or (None, None)), bias if bias is not None else w_view, u, out, seeds,
         rows, in_f, out_f, batch, pop,
         x.stride(0), x.stride(1), x.stride(2), w_view.stride(0), w_view.stride(1),
         float(sigma), scale, fout_offset, b_offset,
-        ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=u.shape[-1], G=g, KQ=kq,
+        ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=u.shape[-1], G=g, KQ=kq, NQ=cdiv(slots, kq),
         BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision, NOISE_PRECISION=noise_precision,
-        TMA=descs is not None, W_K_INNER=w_view.stride(1) == 1, num_warps=warps, num_stages=stages)
+        TMA=descs is not None, W_K_INNER=w_view.stride(1) == 1, GDC_WAIT=pdl, num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if pdl else {}))
     return out
 
 
