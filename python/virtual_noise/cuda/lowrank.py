@@ -154,8 +154,9 @@ def _factor_kmajor_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, width, n_rows, f_off
     """dst[j, v*R + q] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): seeds u0.. 's factors side by side
     as one (n_rows, width = units * R) row-major matrix, the layout tf32 tensor-core GEMMs read fastest (K-major).
     A row's R columns of one seed are R consecutive counters and R consecutive addresses."""
-    j = tl.program_id(0) * BJ + tl.arange(0, BJ)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    col_tiles = tl.cdiv(width, BC)  # one grid axis: axes 1 and 2 stop at 65535 programs
+    j = (tl.program_id(0) // col_tiles) * BJ + tl.arange(0, BJ)
+    c = (tl.program_id(0) % col_tiles) * BC + tl.arange(0, BC)
     mask_c = c < width
     v, q = c // R, c % R
     key = seed_key(tl.load(seeds_ptr + u0 + v, mask=mask_c, other=0))
@@ -235,7 +236,7 @@ def _factor_kmajor(seeds, coef, u0, units, n_rows, rank, f_offset, device):
     width = units * rank
     dst = torch.empty(n_rows, width, dtype=torch.float32, device=device)
     bj, bc = 32, 64
-    _factor_kmajor_kernel[(cdiv(n_rows, bj), cdiv(width, bc))](
+    _factor_kmajor_kernel[(cdiv(n_rows, bj) * cdiv(width, bc),)](
         seeds, coef if coef is not None else seeds, dst, u0, width, n_rows, f_offset, R=rank,
         HAS_COEF=coef is not None, BJ=bj, BC=bc, num_warps=4)
     return dst
