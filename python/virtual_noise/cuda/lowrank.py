@@ -133,22 +133,6 @@ def _output_factor_kernel(u_ptr, base_ptr, out_ptr, seeds_ptr, batch, out_f, str
 
 
 @triton.jit
-def _factor_rows_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, n_rows, f_offset, R: tl.constexpr, HAS_COEF: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    """dst[v*R + q, j] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): column q of seed u0+v's factor as
-    row v*R + q of a (units * R, n_rows) matrix; one program per (row, BLOCK of j), each store coalesced."""
-    row = tl.program_id(0)
-    v, q = row // R, row % R
-    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = j < n_rows
-    key = seed_key(tl.load(seeds_ptr + u0 + v))
-    val = noise_from_counter(key + counter_offset(f_offset + j * R + q))
-    if HAS_COEF:
-        val = val * tl.load(coef_ptr + u0 + v)
-    tl.store(dst_ptr + row.to(tl.int64) * n_rows + j, val, mask=mask)
-
-
-@triton.jit
 def _factor_kmajor_kernel(seeds_ptr, coef_ptr, dst_ptr, u0, width, n_rows, f_offset, R: tl.constexpr,
                           HAS_COEF: tl.constexpr, BJ: tl.constexpr, BC: tl.constexpr):
     """dst[j, v*R + q] = coef[u0 + v] * noise(seed_{u0+v}, f_offset + j*R + q): seeds u0.. 's factors side by side
@@ -242,15 +226,6 @@ def _factor_kmajor(seeds, coef, u0, units, n_rows, rank, f_offset, device):
     return dst
 
 
-def _factor_rows(seeds, coef, u0, units, n_rows, rank, f_offset, device):
-    dst = torch.empty(units * rank, n_rows, dtype=torch.float32, device=device)
-    block = 1024
-    _factor_rows_kernel[(units * rank, cdiv(n_rows, block))](
-        seeds, coef if coef is not None else seeds, dst, u0, n_rows, f_offset, R=rank, HAS_COEF=coef is not None,
-        BLOCK=block, num_warps=4)
-    return dst
-
-
 def lowrank_weight_gradient(fitness, seeds, weight_shape, sigma, pop_size, offset, rank, antithetic):
     rows, cols = weight_shape
     device = seeds.device
@@ -287,8 +262,8 @@ def generate_lowrank_noise(seeds, weight_shape, rank, offset):
     s = seeds.numel()
     if s * rows * cols == 0:
         return torch.zeros(s, rows, cols, dtype=torch.float32, device=seeds.device)
-    a = _factor_rows(seeds, None, 0, s, rows, rank, offset, seeds.device).view(s, rank, rows)
-    b = _factor_rows(seeds, None, 0, s, cols, rank, offset + rows * rank, seeds.device).view(s, rank, cols)
+    a = _factor_kmajor(seeds, None, 0, s, rows, rank, offset, seeds.device).view(rows, s, rank)
+    b = _factor_kmajor(seeds, None, 0, s, cols, rank, offset + rows * rank, seeds.device).view(cols, s, rank)
     # In float64, as the CPU kernel: products of 24-bit values and their short sums are exact there.
-    n = torch.bmm(a.double().transpose(1, 2), b.double())
+    n = torch.bmm(a.double().permute(1, 0, 2), b.double().permute(1, 2, 0))
     return (math.sqrt(12.0 / rank) * n).to(torch.float32)
