@@ -133,7 +133,8 @@ def test_perturbed_embedding(dtype, shared, antithetic):
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scratch", [1 << 20, 3000])  # whole weights per chunk; row blocks of one seed
-def test_perturbed_weights_path(antithetic, transposed, scratch, monkeypatch):
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_perturbed_weights_path(antithetic, transposed, scratch, with_bias, monkeypatch):
     """Per-individual x with many rows: the perturbed weights hashed once into scratch, then a batched GEMM."""
     from virtual_noise.cuda import perturbed_weights as pw
 
@@ -146,7 +147,7 @@ def test_perturbed_weights_path(antithetic, transposed, scratch, monkeypatch):
     s = seeds_for(m, g)
     x = torch.randn(pop, rows, in_f, generator=g)
     w = torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)
-    b = torch.randn(out_f, generator=g)
+    b = torch.randn(out_f, generator=g) if with_bias else None
     y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
     cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic=antithetic, transposed=transposed)
     ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)

@@ -38,6 +38,12 @@ CHUNK_OF_RESULT = 3  # gradient: a chunk's factors may take up to 3 times the fl
 # Rows of x per program of the input-factor kernel's dot form: 16 measured slower (768->3072 T = 128 0.090 ->
 # 0.097 ms, 4096->11008 1.01 -> 1.18; H200, docs/lowrank.md).
 INPUT_FACTOR_ROWS = 64
+# From this rank the input-factor kernel hashes its (BK x RP) factor tile in one piece (RP = 16 columns at ranks
+# up to 16) instead of placing R hashed columns by selects. H100, bf16, P*T = 8192 (docs/lowrank.md): rank 16
+# 3.01 -> 2.34 ms at 4096->11008 T = 16, 0.46 -> 0.34 at 768->3072; rank 8 1.52 -> 1.25 and 0.21 -> 0.15. At rank 4
+# it was faster at 4096 inputs (1.28 -> 1.15 at T = 16) but not at 768 (T = 512: 0.119 -> 0.124-0.128), so ranks
+# under 8 keep the selects.
+FACTOR_2D_FROM_RANK = 8
 
 
 @triton.jit
@@ -50,11 +56,12 @@ def _factor_column(key, f_offset, idx, q, R: tl.constexpr):
 def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride_xb, stride_xk, fin_offset,
                          SHARED: tl.constexpr, ANTITHETIC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
                          BM: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                         GDC_LAUNCH: tl.constexpr):
+                         GDC_LAUNCH: tl.constexpr, FACTOR_2D: tl.constexpr):
     """u[v] = x_v @ fin (rows x RP, float32; columns >= R zero). v: a seed for shared x, an individual
-    otherwise. Each factor element is hashed once per program: R columns, not the padded RP.
+    otherwise. Each factor element is hashed once per program.
 
-    DOT: a tensor-core dot, the R hashed columns placed into the (BK x RP) operand by selects. Otherwise
+    DOT: a tensor-core dot; its (BK x RP) operand hashed in one piece (FACTOR_2D, one counter per element, the
+    padding columns masked to zero) or, at low ranks, as R hashed columns placed by selects. Otherwise
     float32 FMAs with a row reduction per column, for batches under 16 rows, where a dot's 16-row tile
     would be mostly padding. Measured (H100, docs/lowrank.md): the FMA form cost ~30 us per unit of rank
     at P*T = 8192 and 4096 inputs; at T = 1 the dot form made the forward 1.7-3.3x slower.
@@ -76,7 +83,11 @@ def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride
         mask_k = kk < in_f
         xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         xt = xt.to(tl.float32)
-        if DOT:
+        if DOT and FACTOR_2D:
+            e = fin_offset + kk.to(tl.int64)[:, None] * R + cols[None, :]
+            f = tl.where(mask_k[:, None] & (cols[None, :] < R), noise_from_counter(key + counter_offset(e)), 0.0)
+            acc = tl.dot(xt, f, acc, input_precision=PRECISION)
+        elif DOT:
             f = tl.zeros((BK, RP), dtype=tl.float32)
             for q in tl.static_range(R):
                 col = tl.where(mask_k, _factor_column(key, fin_offset, kk, q, R), 0.0)
@@ -170,7 +181,7 @@ def _input_factor(x, seeds, fin_off, rank, antithetic, shared, pdl=False):
     _input_factor_kernel[(units, cdiv(batch, bm_in))](
         x3, u, seeds, batch, in_f, 0 if shared else x3.stride(0), x3.stride(1), x3.stride(2), fin_off,
         SHARED=shared, ANTITHETIC=antithetic, R=rank, RP=rp, BM=bm_in, BK=64 if dot else 128, DOT=dot,
-        PRECISION=noise_dot_precision(x.device), GDC_LAUNCH=pdl, num_warps=4)
+        PRECISION=noise_dot_precision(x.device), GDC_LAUNCH=pdl, FACTOR_2D=rank >= FACTOR_2D_FROM_RANK, num_warps=4)
     return u
 
 

@@ -9,6 +9,12 @@ cuBLAS run one dot per element at the tensor cores' rate. The perturbed weight
 rounded to x's dtype is what ``torch.func.functional_call`` with explicitly
 perturbed 16-bit parameters computes. Where it is taken: ``serves`` (measured,
 docs/cuda-kernels.md).
+
+With a bias, the output first holds every member's perturbed bias (one kernel
+forms them, one broadcast copy fills the rows) and the GEMMs add to it in place
+(beta = 1), one copy per call where addmm and baddbmm with a bias had made one
+per GEMM (a row block of the output is a strided view, which cuBLASLt's bias
+epilogue does not take). Measured in docs/cuda-kernels.md.
 """
 
 from __future__ import annotations
@@ -17,34 +23,58 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops import generate_noise
-from .launch_math import cdiv
+from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
 SCRATCH_BYTES = 48 << 20  # the perturbed-weight chunk: with the small per-call tensors, within 64 MiB beside the output
 MIN_ROWS = 256  # rows of x per individual from which this path serves (docs/cuda-kernels.md)
 ALIGN_ROWS = 64  # row blocks of one seed's weights come in multiples of this
+TILE_ELEMENTS, TILE_COLS, TILE_WARPS = 2048, 128, 4  # the hash kernel's tiles
 
 
 @triton.jit
-def _perturbed_weight_kernel(w_ptr, out_ptr, seeds_ptr, u0, row0, rows, in_f, stride_wn, stride_wk, sigma, w_offset,
-                             noise_sn, noise_sk, ANTITHETIC: tl.constexpr, BLOCK: tl.constexpr):
-    """out[m, r, k] = W[row0 + r, k] + s_m * sigma * noise(seed, offset + (row0 + r) * sn + k * sk)."""
-    u = tl.program_id(0)
-    # A chunk holds fewer than 2^31 elements (the launcher checks): int32 division, not int64's long software
-    # sequence.
-    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    n = rows * in_f
-    mask = e < n
-    j = (row0 + e // in_f).to(tl.int64)
-    k = (e % in_f).to(tl.int64)
+def _perturbed_weight_tile_kernel(w_ptr, out_ptr, seeds_ptr, u0, row0, rows, in_f, stride_wn, stride_wk, sigma,
+                                  w_offset, noise_sn, noise_sk, ANTITHETIC: tl.constexpr, BR: tl.constexpr,
+                                  BC: tl.constexpr):
+    """out[m, r, k] = W[row0 + r, k] + s_m * sigma * noise(seed, offset + (row0 + r) * sn + k * sk), one (BR x BC)
+    tile per program: a counter is its row's offset plus its column's (noise_spec.counter_offset), one 64-bit
+    add per element, and no division by in_f (the flat-index form it replaced ran at about half the hash
+    roof: docs/cuda-kernels.md)."""
+    col_tiles = tl.cdiv(in_f, BC)
+    tiles = tl.cdiv(rows, BR) * col_tiles
+    u = tl.program_id(0) // tiles  # one grid axis: axes 1 and 2 stop at 65535 programs
+    t = tl.program_id(0) % tiles
+    r = (t // col_tiles) * BR + tl.arange(0, BR)
+    k = (t % col_tiles) * BC + tl.arange(0, BC)
+    mask = (r < rows)[:, None] & (k < in_f)[None, :]
+    j = (row0 + r).to(tl.int64)
     key = seed_key(tl.load(seeds_ptr + u0 + u))
-    nz = sigma * noise_from_counter(key + counter_offset(w_offset + j * noise_sn + k * noise_sk))
-    w = tl.load(w_ptr + j * stride_wn + k * stride_wk, mask=mask, other=0.0).to(tl.float32)
+    c = (key + counter_offset(w_offset + j * noise_sn))[:, None] + counter_offset(k.to(tl.int64) * noise_sk)[None, :]
+    nz = sigma * noise_from_counter(c)
+    w = tl.load(w_ptr + j[:, None] * stride_wn + k[None, :].to(tl.int64) * stride_wk, mask=mask, other=0.0)
+    w = w.to(tl.float32)
     m0 = (u * 2 if ANTITHETIC else u).to(tl.int64)
-    tl.store(out_ptr + m0 * n + e, (w + nz).to(out_ptr.dtype.element_ty), mask=mask)
+    dst = out_ptr + m0 * (rows * in_f) + (r[:, None] * in_f + k[None, :])  # a chunk holds < 2^31 elements
+    tl.store(dst, (w + nz).to(out_ptr.dtype.element_ty), mask=mask)
     if ANTITHETIC:
-        tl.store(out_ptr + (m0 + 1) * n + e, (w - nz).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + rows * in_f, (w - nz).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _perturbed_bias_kernel(b_ptr, out_ptr, seeds_ptr, out_f, stride_b, sigma, b_offset, ANTITHETIC: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """out[m, j] = b[j] + s_m * sigma * noise(seed, b_offset + j), in out's dtype: every member's bias at once,
+    one launch where materializing the bias noise took several."""
+    u = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < out_f
+    key = seed_key(tl.load(seeds_ptr + u))
+    nz = sigma * noise_from_counter(key + counter_offset(b_offset + j.to(tl.int64)))
+    b = tl.load(b_ptr + j * stride_b, mask=mask, other=0.0).to(tl.float32)
+    m0 = (u * 2 if ANTITHETIC else u).to(tl.int64)
+    tl.store(out_ptr + m0 * out_f + j, (b + nz).to(out_ptr.dtype.element_ty), mask=mask)
+    if ANTITHETIC:
+        tl.store(out_ptr + (m0 + 1) * out_f + j, (b - nz).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def serves(x: torch.Tensor, shared: bool) -> bool:
@@ -67,34 +97,35 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
     if rows_per_chunk * in_f >= 2**31:
         raise ValueError(f"x: {in_f} input features per row is more than the perturbed-weights path supports")
     sn, sk = (1, out_f) if transposed else (in_f, 1)
-    bias_pop = None
-    if bias is not None:  # the bias noise, materialized: P x out, small
-        nb = generate_noise(seeds, out_f, offset + out_f * in_f)
-        if antithetic:
-            nb = torch.stack([nb, -nb], dim=1).flatten(0, 1)
-        bias_pop = (bias.float()[None] + sigma * nb).to(x.dtype)
+    if bias is not None:  # out starts as every member's perturbed bias; the GEMMs add to it (beta = 1)
+        bias_pop = torch.empty(out.shape[0], out_f, dtype=x.dtype, device=x.device)
+        _perturbed_bias_kernel[(seeds.numel(), cdiv(out_f, 1024))](
+            bias, bias_pop, seeds, out_f, bias.stride(0), float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
+            BLOCK=1024, num_warps=4)
+        out.copy_(bias_pop[:, None, :].expand_as(out))
+    bc = min(TILE_COLS, max(16, next_power_of_2(in_f)))
+    br = TILE_ELEMENTS // bc
     scratch = torch.empty(min(units_per_chunk, seeds.numel()) * members * min(rows_per_chunk, out_f) * in_f,
                           dtype=x.dtype, device=x.device)
-    block = 1024
     for u0 in range(0, seeds.numel(), units_per_chunk):
         units = min(units_per_chunk, seeds.numel() - u0)
         for r0 in range(0, out_f, rows_per_chunk):
             rows = min(rows_per_chunk, out_f - r0)
             wp = scratch[: units * members * rows * in_f].view(units * members, rows, in_f)
-            _perturbed_weight_kernel[(units, cdiv(rows * in_f, block))](
+            _perturbed_weight_tile_kernel[(units * cdiv(rows, br) * cdiv(in_f, bc),)](
                 w_view, wp, seeds, u0, r0, rows, in_f, w_view.stride(0), w_view.stride(1), float(sigma), offset,
-                sn, sk, ANTITHETIC=antithetic, BLOCK=block, num_warps=4)
+                sn, sk, ANTITHETIC=antithetic, BR=br, BC=bc, num_warps=TILE_WARPS)
             i0, i1 = u0 * members, (u0 + units) * members
             if rows == out_f:
-                if bias_pop is None:
-                    torch.bmm(x[i0:i1], wp.transpose(1, 2), out=out[i0:i1])
+                if bias is not None:
+                    out[i0:i1].baddbmm_(x[i0:i1], wp.transpose(1, 2))
                 else:
-                    torch.baddbmm(bias_pop[i0:i1, None, :], x[i0:i1], wp.transpose(1, 2), out=out[i0:i1])
+                    torch.bmm(x[i0:i1], wp.transpose(1, 2), out=out[i0:i1])
             else:
                 for i in range(i0, i1):
                     dst = out[i, :, r0:r0 + rows]
-                    if bias_pop is None:
-                        torch.mm(x[i], wp[i - i0].t(), out=dst)
+                    if bias is not None:
+                        dst.addmm_(x[i], wp[i - i0].t())
                     else:
-                        torch.addmm(bias_pop[i, r0:r0 + rows], x[i], wp[i - i0].t(), out=dst)
+                        torch.mm(x[i], wp[i - i0].t(), out=dst)
     return out
