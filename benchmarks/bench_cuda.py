@@ -3,8 +3,11 @@ side by side in one run, with the splitmix64 generation roof measured alongside.
 
     python benchmarks/bench_cuda.py [--out DIR] [--quick]
 
-Prints a markdown table (noise elements/s, fraction of the roof, peak extra
-memory beyond the output, ratio to naive) and writes bench_cuda.{md,json,png}.
+Prints a markdown table (noise elements/s, fraction of the roof, t_ideal / t, peak
+extra memory beyond the output, ratio to naive) and writes bench_cuda.{md,json,png}.
+t_ideal = max(hash time of the noise elements hashed (antithetic pairs hash once) at
+the measured splitmix64 roof, GEMM time of the forward's 2*P*B*in*out at the
+measured tf32 rate).
 Float32 dots run at torch's "high" precision (tf32), the rate the targets use.
 "ms" is the steady-state GPU time per call (calls enqueued back to back, so
 host work overlaps the kernels); "graph ms" the same calls replayed from one
@@ -195,6 +198,11 @@ def naive_reduce(c, pop, sigma):
     return (c + sigma * (torch.rand(pop, c.numel(), device=c.device) - 0.5)).abs().mean(dim=1)
 
 
+def t_ideal_ms(hashed_elements, dense_flops, roof_g_el_s, dense_tflops):
+    """The machine's limit for a call: max(hash time at the splitmix64 roof, GEMM time at the dense rate), ms."""
+    return max(hashed_elements / roof_g_el_s / 1e6, dense_flops / dense_tflops / 1e9)
+
+
 def measure(fn, repeats, graph=True):
     """(steady-state ms, peak extra MiB, 1-call ms, graph-replay ms or None); all None on OOM."""
     try:
@@ -242,20 +250,22 @@ def run(quick: bool, precision: str = "high"):
     tf32 = tf32_rate()
     rows, records = [], []
 
-    def add(kind, shape, elements, ours, naive, anti, flops=None):
+    def add(kind, shape, elements, ours, naive, anti, flops=None, dense_flops=0.0):
         ms, mem, ms1, gms = ours
         nms, nmem, _, _ = naive
         rate = elements / ms / 1e6
+        ideal = t_ideal_ms(elements / (2 if anti else 1), dense_flops, roof_g, tf32)
         rec = dict(kind=kind, shape=shape, antithetic=anti, ms=ms, one_call_ms=ms1, graph_ms=gms,
                    graph_g_el_s=elements / gms / 1e6, g_el_s=rate, roof_frac=rate / roof_g,
                    peak_extra_mib=mem, naive_ms=nms, naive_g_el_s=None if nms is None else elements / nms / 1e6,
-                   naive_peak_extra_mib=nmem, speedup=None if nms is None else nms / ms)
+                   naive_peak_extra_mib=nmem, speedup=None if nms is None else nms / ms, ideal_ms=ideal,
+                   ideal_frac=ideal / ms)
         if flops is not None:
             rec["tflops"] = flops / ms / 1e9
             rec["tf32_frac"] = rec["tflops"] / tf32
         records.append(rec)
         rows.append([kind + (" antithetic" if anti else ""), shape, f"{ms:.3f}", f"{gms:.3f}", f"{ms1:.3f}", f"{rate:.0f}",
-                     f"{rec['graph_g_el_s']:.0f}", f"{rec['roof_frac']:.0%}",
+                     f"{rec['graph_g_el_s']:.0f}", f"{rec['roof_frac']:.0%}", f"{rec['ideal_frac']:.2f}",
                      f"{mem:.1f}", "OOM" if nms is None else f"{nms:.2f}",
                      "OOM" if nms is None else f"{rec['naive_g_el_s']:.0f}", "-" if nms is None else f"{rec['speedup']:.1f}x",
                      "" if flops is None else f"{rec['tflops']:.0f} TFLOP/s = {rec['tf32_frac']:.0%} of tf32"
@@ -267,7 +277,7 @@ def run(quick: bool, precision: str = "high"):
         for anti in (False, True):
             ours = measure(forward_call(x, w, b, P, anti), 10)
             add("forward", shape, P * o * i, ours, naive, anti,
-                flops=2 * P * B * i * o if B >= 1024 else None)
+                flops=2 * P * B * i * o if B >= 1024 else None, dense_flops=2 * P * B * i * o)
     for P, o, i in GRADIENT[:1] if quick else GRADIENT:
         f = torch.randn(P, device="cuda", generator=g)
         naive = measure(lambda: naive_gradient(f, o * i, P, sigma), 3, graph=False)
@@ -321,7 +331,8 @@ def main():
             + f" | fp32 matmul at tf32: {tf32:.0f} TFLOP/s",
             f"float32 rows at torch matmul precision \"{args.matmul_precision}\", noise precision "
             f"\"{vn.get_noise_precision()}\""]
-    table = markdown_table(["op", "shape", "ms", "graph ms", "1-call ms", "G el/s", "graph G el/s", "of roof", "peak extra MiB",
+    table = markdown_table(["op", "shape", "ms", "graph ms", "1-call ms", "G el/s", "graph G el/s", "of roof", "t_ideal / t",
+                            "peak extra MiB",
                             "naive ms", "naive G el/s", "speed-up", "matmul"], rows)
     text = "\n".join(head) + "\n\n" + table + "\n"
     print(text)
