@@ -147,7 +147,7 @@ def test_perturbed_weights_path(antithetic, transposed, scratch, with_bias, monk
     s = seeds_for(m, g)
     x = torch.randn(pop, rows, in_f, generator=g)
     w = torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)
-    b = torch.randn(out_f, generator=g) if with_bias else None
+    b = torch.randn(2 * out_f, generator=g)[::2] if with_bias else None  # strided: the bias kernel reads its stride
     y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
     cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic=antithetic, transposed=transposed)
     ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
@@ -447,3 +447,32 @@ def test_lowrank_gradient_and_generate(antithetic, monkeypatch):
     n = lowrank.generate_lowrank_noise(s, [rows, cols], r, 2**35)
     assert torch.equal(n, vn.generate_lowrank_noise(s, (rows, cols), r, 2**35))  # the same bits as the CPU
     torch.testing.assert_close(n.double(), lowrank_noise_ref(s, rows, cols, r, 2**35), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["full", "lowrank"])
+@pytest.mark.parametrize("dtype,shared,batch", [(torch.float32, True, 5), (torch.float16, True, 5),
+                                                (torch.float16, False, 5), (torch.float16, False, 64),
+                                                (torch.float32, False, 20), (torch.float16, False, 300)])
+def test_strided_bias_every_path(op, dtype, shared, batch, monkeypatch):
+    """A bias that is a strided view (every other element of a buffer) through every launch path: the shared
+    base kernel, the forward kernel reading W and b itself (16-bit per-individual x; merged dots from 64 rows),
+    cuBLAS's base, the perturbed-weights path and the fused low-rank GEMM. Kernels index the bias densely, so
+    the launchers must hand them a contiguous one."""
+    from virtual_noise.cuda import perturbed_weights as pw
+
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    monkeypatch.setattr(pw, "MIN_ROWS", 256)
+    g = torch.Generator().manual_seed(batch + shared)
+    m, in_f, out_f = 2, 37, 50
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (2 * m, batch, in_f), generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(2 * out_f, generator=g).to(dtype)[::2]
+    if op == "full":
+        y = lin.perturbed_linear(x, w, b, s, 0.3, 2**33, True)
+        ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**33, True)
+    else:
+        y = lowrank.lowrank_perturbed_linear(x, w, b, s, 0.3, 2**33, 2, True, False)
+        ref = lowrank_perturbed_linear_ref(x, w, b, s, 0.3, 2**33, 2, True, False)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * in_f**0.5)

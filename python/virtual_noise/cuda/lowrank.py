@@ -195,6 +195,7 @@ def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antith
     if out.numel() == 0:
         return out
     seeds = seeds.to(torch.int64).contiguous()
+    bias = bias.contiguous() if bias is not None else None  # the kernels index it densely (out elements: small)
     fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
     scale, b_off = math.sqrt(12.0 / rank), offset + rows * cols
     fused = _gemm.serves(x, shared, rank, bias is not None)

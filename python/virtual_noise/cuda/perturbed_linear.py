@@ -345,6 +345,7 @@ def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transpos
     if out.numel() == 0:
         return out
     seeds = seeds.to(torch.int64).contiguous()
+    bias = bias.contiguous() if bias is not None else None  # the kernels index it densely (out elements: small)
     fp32 = x.dtype == torch.float32
     precision = noise_dot_precision(x.device) if fp32 else "ieee"  # the noise term's (virtual_noise.precision)
     lin_precision = fp32_dot_precision(x.device) if fp32 else "ieee"  # x @ W^T: torch's
