@@ -95,6 +95,29 @@ def test_perturbed_linear_transposed(dtype, shared, antithetic, batch):
     torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
 
 
+@pytest.mark.parametrize("op", ["full", "lowrank"])
+@pytest.mark.parametrize("dtype,shared,batch", [(torch.float32, True, 5), (torch.bfloat16, True, 200),
+                                                (torch.bfloat16, False, 5), (torch.bfloat16, False, 64),
+                                                (torch.float32, False, 20), (torch.bfloat16, False, 300)])
+def test_strided_bias(op, dtype, shared, batch):
+    """A bias that is a strided view, through every launch path (the kernels index the bias densely)."""
+    g = torch.Generator().manual_seed(batch + shared)
+    m, in_f, out_f = 3, 96, 200
+    s = seeds_for(m, g)
+    x = torch.randn((batch, in_f) if shared else (2 * m, batch, in_f), generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(2 * out_f, generator=g).to(dtype)
+    args = (x.cuda(), w.cuda(), b.cuda()[::2], s.cuda(), 0.3, 2**33)
+    if op == "full":
+        y = vn.virtual_perturbed_linear(*args, antithetic=True)
+        ref = perturbed_linear_ref(x, w, b[::2], s, 0.3, 2**33, True)
+    else:
+        y = vn.virtual_lowrank_perturbed_linear(*args, 2, antithetic=True)
+        ref = lowrank_perturbed_linear_ref(x, w, b[::2], s, 0.3, 2**33, 2, True, False)
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=tol, atol=tol * in_f**0.5)
+
+
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scratch_rows", [64, 130, 400])
