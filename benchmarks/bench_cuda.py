@@ -276,8 +276,8 @@ def run(quick: bool, precision: str = "high"):
         naive = measure(lambda: naive_forward(x, w, b, P, sigma), 3, graph=False)
         for anti in (False, True):
             ours = measure(forward_call(x, w, b, P, anti), 10)
-            add("forward", shape, P * o * i, ours, naive, anti,
-                flops=2 * P * B * i * o if B >= 1024 else None, dense_flops=2 * P * B * i * o)
+            flops = 2 * P * B * i * o
+            add("forward", shape, P * o * i, ours, naive, anti, flops=flops if B >= 1024 else None, dense_flops=flops)
     for P, o, i in GRADIENT[:1] if quick else GRADIENT:
         f = torch.randn(P, device="cuda", generator=g)
         naive = measure(lambda: naive_gradient(f, o * i, P, sigma), 3, graph=False)

@@ -147,7 +147,7 @@ def test_perturbed_weights_path(antithetic, transposed, scratch, with_bias, monk
     s = seeds_for(m, g)
     x = torch.randn(pop, rows, in_f, generator=g)
     w = torch.randn(in_f, out_f, generator=g) if transposed else torch.randn(out_f, in_f, generator=g)
-    b = torch.randn(2 * out_f, generator=g)[::2] if with_bias else None  # strided: the bias kernel reads its stride
+    b = torch.randn(2 * out_f, generator=g)[::2] if with_bias else None  # strided, as users may pass it
     y = lin.perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)
     cpu = vn.virtual_perturbed_linear(x, w, b, s, 0.3, 2**32 + 1, antithetic=antithetic, transposed=transposed)
     ref = perturbed_linear_ref(x, w, b, s, 0.3, 2**32 + 1, antithetic, transposed)

@@ -84,8 +84,8 @@ def _input_factor_kernel(x_ptr, u_ptr, seeds_ptr, batch, in_f, stride_xp, stride
         xt = tl.load(x_base + kk[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         xt = xt.to(tl.float32)
         if DOT and FACTOR_2D:
-            e = fin_offset + kk.to(tl.int64)[:, None] * R + cols[None, :]
-            f = tl.where(mask_k[:, None] & (cols[None, :] < R), noise_from_counter(key + counter_offset(e)), 0.0)
+            f = tl.where(mask_k[:, None] & (cols[None, :] < R), _factor_column(key, fin_offset, kk[:, None],
+                                                                               cols[None, :], R), 0.0)
             acc = tl.dot(xt, f, acc, input_precision=PRECISION)
         elif DOT:
             f = tl.zeros((BK, RP), dtype=tl.float32)

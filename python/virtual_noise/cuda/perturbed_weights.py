@@ -61,16 +61,17 @@ def _perturbed_weight_tile_kernel(w_ptr, out_ptr, seeds_ptr, u0, row0, rows, in_
 
 
 @triton.jit
-def _perturbed_bias_kernel(b_ptr, out_ptr, seeds_ptr, out_f, stride_b, sigma, b_offset, ANTITHETIC: tl.constexpr,
+def _perturbed_bias_kernel(b_ptr, out_ptr, seeds_ptr, out_f, sigma, b_offset, ANTITHETIC: tl.constexpr,
                            BLOCK: tl.constexpr):
     """out[m, j] = b[j] + s_m * sigma * noise(seed, b_offset + j), in out's dtype: every member's bias at once,
-    one launch where materializing the bias noise took several."""
+    one launch where materializing the bias noise took several. b contiguous (perturbed_linear.perturbed_linear
+    makes it so for every kernel)."""
     u = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = j < out_f
     key = seed_key(tl.load(seeds_ptr + u))
     nz = sigma * noise_from_counter(key + counter_offset(b_offset + j.to(tl.int64)))
-    b = tl.load(b_ptr + j * stride_b, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + j, mask=mask, other=0.0).to(tl.float32)
     m0 = (u * 2 if ANTITHETIC else u).to(tl.int64)
     tl.store(out_ptr + m0 * out_f + j, (b + nz).to(out_ptr.dtype.element_ty), mask=mask)
     if ANTITHETIC:
@@ -100,7 +101,7 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
     if bias is not None:  # out starts as every member's perturbed bias; the GEMMs add to it (beta = 1)
         bias_pop = torch.empty(out.shape[0], out_f, dtype=x.dtype, device=x.device)
         _perturbed_bias_kernel[(seeds.numel(), cdiv(out_f, 1024))](
-            bias, bias_pop, seeds, out_f, bias.stride(0), float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
+            bias, bias_pop, seeds, out_f, float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
             BLOCK=1024, num_warps=4)
         out.copy_(bias_pop[:, None, :].expand_as(out))
     bc = min(TILE_COLS, max(16, next_power_of_2(in_f)))
