@@ -31,7 +31,7 @@ from . import lowrank_gemm as _gemm
 from .device_info import fp32_dot_precision, noise_dot_precision, supports_pdl
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
-from .perturbed_linear import _cublas_base
+from .perturbed_linear import _cublas_base, call_operands
 
 SCRATCH_BYTES = 64 << 20  # gradient: the factors of one chunk of seeds (at least; see lowrank_weight_gradient)
 CHUNK_OF_RESULT = 3  # gradient: a chunk's factors may take up to 3 times the float32 result's bytes
@@ -188,14 +188,11 @@ def _input_factor(x, seeds, fin_off, rank, antithetic, shared, pdl=False):
 def lowrank_perturbed_linear(x, weight, bias, seeds, sigma, offset, rank, antithetic, transposed):
     rows, cols = weight.shape
     in_f, out_f = (rows, cols) if transposed else (cols, rows)
-    pop = seeds.numel() * (2 if antithetic else 1)
     shared = x.dim() == 2
     batch = x.shape[-2]
-    out = torch.empty(pop, batch, out_f, dtype=x.dtype, device=x.device)
+    out, seeds, bias = call_operands(x, bias, seeds, antithetic, out_f)
     if out.numel() == 0:
         return out
-    seeds = seeds.to(torch.int64).contiguous()
-    bias = bias.contiguous() if bias is not None else None  # the kernels index it densely (out elements: small)
     fin_off, fout_off = _roles(rows, cols, rank, offset, transposed)
     scale, b_off = math.sqrt(12.0 / rank), offset + rows * cols
     fused = _gemm.serves(x, shared, rank, bias is not None)

@@ -335,17 +335,23 @@ def _takes_copy(x, precision) -> bool:
     return precision == "tf32" and row_scaled_fp16.serves_tl_dot(x)
 
 
-def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed=False):
+def call_operands(x, bias, seeds, antithetic, out_f):
+    """What both CUDA linear launchers (this one and lowrank.py) start from: the (P, batch, out_f) output in x's
+    dtype, the seeds as contiguous int64, and the bias contiguous: the kernels index it densely, and a strided
+    one (a view such as b[::2], which validation accepts) costs a copy of out_f elements."""
     pop = seeds.numel() * (2 if antithetic else 1)
+    out = torch.empty(pop, x.shape[-2], out_f, dtype=x.dtype, device=x.device)
+    return out, seeds.to(torch.int64).contiguous(), bias.contiguous() if bias is not None else None
+
+
+def perturbed_linear(x, weight, bias, seeds, sigma, offset, antithetic, transposed=False):
     w_view = weight.t() if transposed else weight  # (out, in), read through its strides
     out_f, in_f = w_view.shape
     shared = x.dim() == 2
     batch = x.shape[-2]
-    out = torch.empty(pop, batch, out_f, dtype=x.dtype, device=x.device)
+    out, seeds, bias = call_operands(x, bias, seeds, antithetic, out_f)
     if out.numel() == 0:
         return out
-    seeds = seeds.to(torch.int64).contiguous()
-    bias = bias.contiguous() if bias is not None else None  # the kernels index it densely (out elements: small)
     fp32 = x.dtype == torch.float32
     precision = noise_dot_precision(x.device) if fp32 else "ieee"  # the noise term's (virtual_noise.precision)
     lin_precision = fp32_dot_precision(x.device) if fp32 else "ieee"  # x @ W^T: torch's
