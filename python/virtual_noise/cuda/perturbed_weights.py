@@ -10,11 +10,11 @@ rounded to x's dtype is what ``torch.func.functional_call`` with explicitly
 perturbed 16-bit parameters computes. Where it is taken: ``serves`` (measured,
 docs/cuda-kernels.md).
 
-With a bias, the output first holds every member's perturbed bias (one kernel
-forms them, one broadcast copy fills the rows) and the GEMMs add to it in place
-(beta = 1), one copy per call where addmm and baddbmm with a bias had made one
-per GEMM (a row block of the output is a strided view, which cuBLASLt's bias
-epilogue does not take). Measured in docs/cuda-kernels.md.
+With a bias, one kernel writes every member's perturbed bias into all of its
+rows of the output at the memory's rate, and the GEMMs add to it in place
+(beta = 1): a row block of the output is a strided view, which cuBLASLt's bias
+epilogue does not take, and torch's broadcast copy of the bias rows ran at
+under half that rate (measured in docs/cuda-kernels.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SCRATCH_BYTES = 48 << 20  # the perturbed-weight chunk: with the small per-call 
 MIN_ROWS = 256  # rows of x per individual from which this path serves (docs/cuda-kernels.md)
 ALIGN_ROWS = 64  # row blocks of one seed's weights come in multiples of this
 TILE_ELEMENTS, TILE_COLS, TILE_WARPS = 2048, 128, 4  # the hash kernel's tiles
+FILL_ROWS, FILL_COLS = 32, 256  # the bias fill's tiles
 
 
 @triton.jit
@@ -61,21 +62,27 @@ def _perturbed_weight_tile_kernel(w_ptr, out_ptr, seeds_ptr, u0, row0, rows, in_
 
 
 @triton.jit
-def _perturbed_bias_kernel(b_ptr, out_ptr, seeds_ptr, out_f, sigma, b_offset, ANTITHETIC: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    """out[m, j] = b[j] + s_m * sigma * noise(seed, b_offset + j), in out's dtype: every member's bias at once,
-    one launch where materializing the bias noise took several. b contiguous (perturbed_linear.perturbed_linear
-    makes it so for every kernel)."""
-    u = tl.program_id(0)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = j < out_f
+def _bias_fill_kernel(b_ptr, out_ptr, seeds_ptr, batch, out_f, sigma, b_offset, ANTITHETIC: tl.constexpr,
+                      BT: tl.constexpr, BJ: tl.constexpr):
+    """out[m, t, j] = b[j] + s_m * sigma * noise(seed, b_offset + j) for every row t, in out's dtype: each member's
+    perturbed bias written straight into its rows of the output, which the GEMMs then add to (beta = 1). One
+    (BT x BJ) tile per program; b contiguous (perturbed_linear.perturbed_linear makes it so for every kernel)."""
+    col_tiles = tl.cdiv(out_f, BJ)
+    tiles = col_tiles * tl.cdiv(batch, BT)
+    u = tl.program_id(0) // tiles  # one grid axis: axes 1 and 2 stop at 65535 programs
+    j = (tl.program_id(0) % col_tiles) * BJ + tl.arange(0, BJ)
+    t = (tl.program_id(0) % tiles // col_tiles) * BT + tl.arange(0, BT)
+    mask_j = j < out_f
     key = seed_key(tl.load(seeds_ptr + u))
     nz = sigma * noise_from_counter(key + counter_offset(b_offset + j.to(tl.int64)))
-    b = tl.load(b_ptr + j, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + j, mask=mask_j, other=0.0).to(tl.float32)
+    mask = (t < batch)[:, None] & mask_j[None, :]
     m0 = (u * 2 if ANTITHETIC else u).to(tl.int64)
-    tl.store(out_ptr + m0 * out_f + j, (b + nz).to(out_ptr.dtype.element_ty), mask=mask)
+    rows = out_ptr + (m0 * batch + t)[:, None] * out_f + j[None, :]
+    tl.store(rows, tl.broadcast_to((b + nz).to(out_ptr.dtype.element_ty)[None, :], (BT, BJ)), mask=mask)
     if ANTITHETIC:
-        tl.store(out_ptr + (m0 + 1) * out_f + j, (b - nz).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(rows + batch * out_f, tl.broadcast_to((b - nz).to(out_ptr.dtype.element_ty)[None, :], (BT, BJ)),
+                 mask=mask)
 
 
 def serves(x: torch.Tensor, shared: bool) -> bool:
@@ -99,11 +106,9 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
         raise ValueError(f"x: {in_f} input features per row is more than the perturbed-weights path supports")
     sn, sk = (1, out_f) if transposed else (in_f, 1)
     if bias is not None:  # out starts as every member's perturbed bias; the GEMMs add to it (beta = 1)
-        bias_pop = torch.empty(out.shape[0], out_f, dtype=x.dtype, device=x.device)
-        _perturbed_bias_kernel[(seeds.numel(), cdiv(out_f, 1024))](
-            bias, bias_pop, seeds, out_f, float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
-            BLOCK=1024, num_warps=4)
-        out.copy_(bias_pop[:, None, :].expand_as(out))
+        _bias_fill_kernel[(seeds.numel() * cdiv(out_f, FILL_COLS) * cdiv(x.shape[1], FILL_ROWS),)](
+            bias, out, seeds, x.shape[1], out_f, float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
+            BT=FILL_ROWS, BJ=FILL_COLS, num_warps=4)
     bc = min(TILE_COLS, max(16, next_power_of_2(in_f)))
     br = TILE_ELEMENTS // bc
     scratch = torch.empty(min(units_per_chunk, seeds.numel()) * members * min(rows_per_chunk, out_f) * in_f,
