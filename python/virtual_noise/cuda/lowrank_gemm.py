@@ -47,10 +47,12 @@ from .device_info import supports_tma
 from .launch_math import cdiv, next_power_of_2
 from .noise_spec import counter_offset, noise_from_counter, seed_key
 
-# The noise dot's chunks of slot columns, and the most columns for which this GEMM serves: at 768->3072, T = 16,
-# rank 16 (136 columns) chunks of 32 made the call 0.530 -> 0.448 ms against the three-pass form (chunks of 64:
-# 0.560); at T = 1, rank 1 (256 columns) the fused call was 1.5-1.8x slower (H200, docs/lowrank.md).
-KQ_CHUNK = 32
+# The noise dot's chunks of slot columns, and the most columns for which this GEMM serves. Chunks of 16 (tl.dot's
+# narrowest) against 32 at T = 16, bf16, two rounds (H100, eager ms, the same output bits): rank 16 768->3072
+# 0.304 -> 0.272, 4096->11008 2.36 -> 2.25; rank 4 768->3072 0.181 / 0.151 -> 0.163 / 0.147, 4096->11008 level
+# (40 slot columns: 48 in three chunks, not 64 in two). At T = 1, rank 1 (256 columns) the fused call was 1.5-1.8x
+# slower than the three-pass form (H200; docs/lowrank.md).
+KQ_CHUNK = 16
 MAX_SLOTS = 160
 # Building the descriptors and encoding them at launch adds ~25 us of host time per call: at 768->3072, P*T =
 # 8192 (4e10 flops) the eager call ran 0.123 ms against 0.098-0.109 with pointer loads, though replayed from a
