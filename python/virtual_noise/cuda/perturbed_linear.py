@@ -53,13 +53,15 @@ def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, st
             LIN_PRECISION: tl.constexpr, ROW_SCALED: tl.constexpr, MERGED: tl.constexpr):
     """One K step: the (len(kk) x BN) noise tile from counters c[n] + lane_k[k], dotted with x."""
     x0 = tl.load(x0_ptrs + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
+    if not SHARED_X and ANTITHETIC:  # the second member's rows (shared x: one x for both)
+        x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
+    if W_IN_KERNEL:  # x @ W^T from W tiles (per-individual x only, so x1 is loaded wherever it is used)
+        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
     nt = noise_from_counter(c[None, :] + lane_k[:, None])  # (BK, BN): N_u^T
     if MERGED:  # one dot per member with its perturbed weight tile W + s sigma N, rounded to x's dtype
-        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
         wf = wt.to(tl.float32)
         lin0 = tl.dot(x0, (wf + sigma * nt).to(x0.dtype), lin0)
         if ANTITHETIC:
-            x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
             lin1 = tl.dot(x1, (wf - sigma * nt).to(x0.dtype), lin1)
         return noise0, noise1, lin0, lin1
     if ROW_SCALED:  # tf32's truncation of the noise, exactly (row_scaled_fp16.py)
@@ -68,10 +70,8 @@ def _k_step(x0_ptrs, w_ptr, offs_n, kk, c, lane_k, mask_x, mask_w, stride_xp, st
         nt = nt.to(x0.dtype)
     noise0 = tl.dot(x0, nt, noise0, input_precision=PRECISION)
     if not SHARED_X and ANTITHETIC:
-        x1 = tl.load(x0_ptrs + stride_xp + kk[None, :] * stride_xk, mask=mask_x, other=0.0)
         noise1 = tl.dot(x1, nt, noise1, input_precision=PRECISION)
     if W_IN_KERNEL:
-        wt = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask_w, other=0.0)
         lin0 = tl.dot(x0, wt, lin0, input_precision=LIN_PRECISION)
         if ANTITHETIC:
             lin1 = tl.dot(x1, wt, lin1, input_precision=LIN_PRECISION)
