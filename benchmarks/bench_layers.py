@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_cuda import cuda_median_ms, graph_ms, roofs  # noqa: E402
+from bench_cuda import cuda_median_ms, graph_ms, roofs, t_ideal_ms  # noqa: E402
 from common import machine_line, markdown_table  # noqa: E402
 
 import virtual_noise as vn  # noqa: E402
@@ -74,19 +74,18 @@ def main():
                 for P in populations(t):
                     x = torch.randn(P, t, i, device="cuda", generator=g).to(dtype)
                     seeds = torch.arange(P // 2 if args.antithetic else P, device="cuda")
-                    inf_ms = cuda_median_ms(lambda: F.linear(x.view(-1, i), w, b), repeats=5)
-                    ours_ms = cuda_median_ms(lambda: vn.virtual_perturbed_linear(
-                        x, w, b, seeds, 0.01, 0, antithetic=args.antithetic), repeats=5)
-                    gemm_ms = 2 * P * t * i * o / rate / 1e9
-                    hash_ms = P * i * o / (2 if args.antithetic else 1) / roof / 1e6
-                    ideal = max(gemm_ms, hash_ms)
+                    inference = lambda: F.linear(x.view(-1, i), w, b)  # noqa: E731
+                    ours = lambda: vn.virtual_perturbed_linear(  # noqa: E731
+                        x, w, b, seeds, 0.01, 0, antithetic=args.antithetic)
+                    inf_ms = cuda_median_ms(inference, repeats=5)
+                    ours_ms = cuda_median_ms(ours, repeats=5)
+                    ideal = t_ideal_ms(P * i * o / (2 if args.antithetic else 1), 2 * P * t * i * o, roof, rate)
                     rec = dict(dtype=dname, layer=f"{i}->{o}", P=P, T=t, inference_ms=inf_ms, ms=ours_ms,
                                ideal_ms=ideal, ideal_frac=ideal / ours_ms, inference_frac=inf_ms / ours_ms)
                     graphed = ["-", "-"]
                     if ours_ms < 2.0:
-                        g_inf = graph_ms(lambda: F.linear(x.view(-1, i), w, b), repeats=3)
-                        g_ours = graph_ms(lambda: vn.virtual_perturbed_linear(
-                            x, w, b, seeds, 0.01, 0, antithetic=args.antithetic), repeats=3)
+                        g_inf = graph_ms(inference, repeats=3)
+                        g_ours = graph_ms(ours, repeats=3)
                         rec.update(graph_inference_ms=g_inf, graph_ms=g_ours)
                         graphed = [f"{ideal / g_ours:.2f}", f"{g_inf / g_ours:.2f}"]
                     records.append(rec)
