@@ -91,7 +91,7 @@ def serves(x: torch.Tensor, shared: bool) -> bool:
 
 def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transposed, out):
     """out[i] = x[i] @ (W + s_i sigma N_i)^T + (b + s_i sigma nb_i), x (P, T, in), w_view (out, in)."""
-    pop, _, in_f = x.shape
+    _, batch, in_f = x.shape
     out_f = w_view.shape[0]
     members = 2 if antithetic else 1
     row_bytes = members * in_f * x.element_size()  # one output row of every member of a seed
@@ -106,8 +106,8 @@ def perturbed_linear(x, w_view, bias, seeds, sigma, offset, antithetic, transpos
         raise ValueError(f"x: {in_f} input features per row is more than the perturbed-weights path supports")
     sn, sk = (1, out_f) if transposed else (in_f, 1)
     if bias is not None:  # out starts as every member's perturbed bias; the GEMMs add to it (beta = 1)
-        _bias_fill_kernel[(seeds.numel() * cdiv(out_f, FILL_COLS) * cdiv(x.shape[1], FILL_ROWS),)](
-            bias, out, seeds, x.shape[1], out_f, float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
+        _bias_fill_kernel[(seeds.numel() * cdiv(out_f, FILL_COLS) * cdiv(batch, FILL_ROWS),)](
+            bias, out, seeds, batch, out_f, float(sigma), offset + out_f * in_f, ANTITHETIC=antithetic,
             BT=FILL_ROWS, BJ=FILL_COLS, num_warps=4)
     bc = min(TILE_COLS, max(16, next_power_of_2(in_f)))
     br = TILE_ELEMENTS // bc
