@@ -672,6 +672,19 @@ def test_lowrank_fused_gemm_tma(dtype, transposed, batch, monkeypatch):
     assert taken and all(d is not None for d in taken)
 
 
+@pytest.mark.parametrize("rank", [4, 16])
+def test_lowrank_fused_gemm_looped(rank, monkeypatch):
+    # From LOOP_FROM_SLOTS slot columns the noise dot's chunks run in a loop instead of unrolled (T = 16: 8
+    # individuals per row tile, 8 (r + 1) columns): both forms against the reference, and the same bits.
+    from virtual_noise.cuda import lowrank_gemm
+
+    outs = []
+    for loop_from in (0, lowrank_gemm.MAX_SLOTS + 1):
+        monkeypatch.setattr(lowrank_gemm, "LOOP_FROM_SLOTS", loop_from)
+        outs.append(_check_lowrank(torch.bfloat16, False, True, rank, False, 16))
+    assert torch.equal(outs[0], outs[1])
+
+
 def _check_lowrank(dtype, shared, antithetic, rank, transposed, batch, in_f=300):
     g = torch.Generator().manual_seed(rank + shared + batch)
     m, out_f = 3, 200
@@ -693,6 +706,7 @@ def _check_lowrank(dtype, shared, antithetic, rank, transposed, batch, in_f=300)
     torch.testing.assert_close(y.cpu().double(), cpu.double(), rtol=tol, atol=tol)
     assert torch.equal(y, vn.virtual_lowrank_perturbed_linear(x.cuda(), w.cuda(), b.cuda(), s.cuda(), 0.3, 2**33,
                                                               rank, antithetic=antithetic, transposed=transposed))
+    return y
 
 
 @pytest.mark.parametrize("antithetic", [False, True])

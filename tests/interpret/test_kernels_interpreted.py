@@ -364,6 +364,30 @@ def test_lowrank_fused_gemm(dtype, antithetic, batch, rank, with_bias, monkeypat
     assert calls == [1]
 
 
+@pytest.mark.parametrize("batch,rank", [(1, 3), (16, 4), (37, 2)])
+def test_lowrank_fused_gemm_looped(batch, rank, monkeypatch):
+    # From LOOP_FROM_SLOTS slot columns the noise dot's chunks run in a loop instead of unrolled: taken here at
+    # every width, against the reference, and the same bits as the unrolled form (same chunks, same order).
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    looped = []
+    kernel = lowrank._gemm._lowrank_gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                looped.append(kwargs["LOOPED"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(lowrank._gemm, "_lowrank_gemm_kernel", Spy())
+    outs = []
+    for loop_from in (0, lowrank._gemm.MAX_SLOTS + 1):
+        monkeypatch.setattr(lowrank._gemm, "LOOP_FROM_SLOTS", loop_from)
+        outs.append(_check_lowrank(torch.float16, False, True, False, rank, batch, True, seeds=12))
+    assert looped == [True, False]
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("batch", [16, 37])
@@ -429,6 +453,7 @@ def _check_lowrank(dtype, shared, antithetic, transposed, rank, batch, with_bias
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * in_f**0.5)
     torch.testing.assert_close(y.double(), cpu.double(), rtol=tol, atol=tol * in_f**0.5)
+    return y
 
 
 @pytest.mark.parametrize("antithetic", [False, True])

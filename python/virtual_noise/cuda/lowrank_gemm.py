@@ -24,9 +24,10 @@ the noise term's operands enter the small dot at tf32 (u and the factor
 values, 11 significant bits; u itself is a tf32 dot), as fine as float16's
 own rounding of terms that size. It serves 16-bit x, and float32 x when torch's matmul
 precision allows tf32 (at "highest" the three-pass form keeps its float32
-cuBLAS GEMM). The noise dot runs in chunks of KQ_CHUNK columns; where it would
-pass MAX_SLOTS columns (T = 1; T < 4 at rank 4) the three-pass form serves
-(``serves``, measured). The GEMM is launched programmatically dependent (PDL)
+cuBLAS GEMM). The noise dot runs in chunks of KQ_CHUNK columns, unrolled, or in
+a loop from LOOP_FROM_SLOTS columns (measured); where it would pass MAX_SLOTS
+columns (T = 1; T < 4 at rank 4) the three-pass form serves (``serves``,
+measured). The GEMM is launched programmatically dependent (PDL)
 on the kernel that forms u and waits for it only before the noise dot.
 
 On Hopper, calls of at least TMA_MIN_FLOPS load the x and W tiles through
@@ -54,6 +55,11 @@ from .noise_spec import counter_offset, noise_from_counter, seed_key
 # slower than the three-pass form (H200; docs/lowrank.md).
 KQ_CHUNK = 16
 MAX_SLOTS = 160
+# From this many slot columns the chunks run in a loop rather than unrolled: rank 16 at T = 16 (136 columns, 9
+# chunks) took 2.22 ms unrolled against 1.57-1.60 looped at 4096->11008 (GEMM kernel 2.29 ms in the profile
+# unrolled, epilogue included), 0.272 against 0.254 at 768->3072; unrolled was faster at 72 columns and fewer
+# (rank 8 at T = 16: 1.22 against 1.30). H200, bf16, eager ms, the same output bits (docs/lowrank.md).
+LOOP_FROM_SLOTS = 136
 # Building the descriptors and encoding them at launch adds ~25 us of host time per call: at 768->3072, P*T =
 # 8192 (4e10 flops) the eager call ran 0.123 ms against 0.098-0.109 with pointer loads, though replayed from a
 # graph it was faster (docs/lowrank.md). From 1e11 flops (~0.15 ms of GEMM) the GPU's time hides it.
@@ -96,7 +102,8 @@ def _lowrank_gemm_kernel(
     stride_xp, stride_xb, stride_xk, stride_wn, stride_wk,
     sigma, scale, fout_offset, b_offset,
     ANTITHETIC: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    G: tl.constexpr, KQ: tl.constexpr, NQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    G: tl.constexpr, KQ: tl.constexpr, NQ: tl.constexpr, LOOPED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NOISE_PRECISION: tl.constexpr, TMA: tl.constexpr,
     W_K_INNER: tl.constexpr, GDC_WAIT: tl.constexpr,
 ):
@@ -135,9 +142,18 @@ def _lowrank_gemm_kernel(
         acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
     if GDC_WAIT:  # launched while the input-factor kernel may still run (PDL): u complete and visible from here
         tl.extra.cuda.gdc_wait()
-    for c in tl.static_range(NQ):  # the noise dot in chunks of KQ slot columns, a fixed order
-        acc = _noise_chunk(acc, c * KQ, u_ptr, seeds_ptr, offs_m, offs_n, ind, mask_m, pid_m * BM // batch, pop,
-                           sigma, scale, fout_offset, b_offset, ANTITHETIC, HAS_BIAS, R, RP, G, KQ, NOISE_PRECISION)
+    # The noise dot in chunks of KQ slot columns, a fixed order: unrolled, or from LOOP_FROM_SLOTS columns a loop
+    # (the same chunks in the same order, so the same bits).
+    if LOOPED:
+        for c in tl.range(0, NQ, num_stages=1):
+            acc = _noise_chunk(acc, c * KQ, u_ptr, seeds_ptr, offs_m, offs_n, ind, mask_m, pid_m * BM // batch, pop,
+                               sigma, scale, fout_offset, b_offset, ANTITHETIC, HAS_BIAS, R, RP, G, KQ,
+                               NOISE_PRECISION)
+    else:
+        for c in tl.static_range(NQ):
+            acc = _noise_chunk(acc, c * KQ, u_ptr, seeds_ptr, offs_m, offs_n, ind, mask_m, pid_m * BM // batch, pop,
+                               sigma, scale, fout_offset, b_offset, ANTITHETIC, HAS_BIAS, R, RP, G, KQ,
+                               NOISE_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -200,7 +216,8 @@ def forward(x, w_view, bias, u, seeds, sigma, scale, fout_offset, b_offset, rank
         x.stride(0), x.stride(1), x.stride(2), w_view.stride(0), w_view.stride(1),
         float(sigma), scale, fout_offset, b_offset,
         ANTITHETIC=antithetic, HAS_BIAS=bias is not None, R=rank, RP=u.shape[-1], G=g, KQ=kq, NQ=cdiv(slots, kq),
-        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision, NOISE_PRECISION=noise_precision,
+        LOOPED=slots >= LOOP_FROM_SLOTS, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, PRECISION=precision,
+        NOISE_PRECISION=noise_precision,
         TMA=descs is not None, W_K_INNER=w_view.stride(1) == 1, GDC_WAIT=pdl, num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}))
     return out
